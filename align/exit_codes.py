@@ -1,0 +1,64 @@
+"""The trainer <-> supervisor contract: exit codes, the HALT marker, and the wrapper every stage entry point uses.
+
+HALT codes are verdicts about the run, not the host: a supervisor must not relaunch them. Because torchrun reports
+1 for any worker failure, the verdict is also written to `<run_dir>/HALT.json` before the process exits."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+from align.exceptions import AlignInputError, ExitCodeError
+from align.utils.fsio import atomic_write_json
+
+OK = 0
+BAD_INPUT = 2
+TRIPWIRE_HALT = 80
+NONFINITE_HALT = 81
+WALL_BUDGET = 82
+PREFLIGHT_REFUSED = 83
+
+HALT_CODES = frozenset({TRIPWIRE_HALT, NONFINITE_HALT, WALL_BUDGET})
+HALT_MARKER = "HALT.json"
+
+NAMES = {
+    TRIPWIRE_HALT: "tripwire halt",
+    NONFINITE_HALT: "non-finite / skip-cap halt",
+    WALL_BUDGET: "wall budget spent",
+    PREFLIGHT_REFUSED: "preflight refused",
+    BAD_INPUT: "bad input",
+}
+
+
+def write_halt_marker(run_dir: str | os.PathLike, code: int, reason: str) -> Path:
+    """Atomically write `<run_dir>/HALT.json` (tmp + fsync + rename): a crash leaves the old marker or the new one."""
+    path = Path(run_dir) / HALT_MARKER
+    atomic_write_json(path, {"exit_code": int(code), "name": NAMES.get(code, "halt"), "reason": reason,
+                             "pid": os.getpid(), "time": time.time()})
+    return path
+
+
+def read_halt_marker(run_dir: str | os.PathLike) -> dict | None:
+    path = Path(run_dir) / HALT_MARKER
+    if not path.is_file():
+        return None
+    return json.loads(path.read_text())
+
+
+def run_with_exit_codes(main: Callable[[], int | None]) -> int:
+    """Run `main` and turn align's expected failures into an exit code and one line on stderr (no traceback).
+
+    Unexpected exceptions propagate with their traceback: they are bugs, not verdicts."""
+    try:
+        code = main()
+    except ExitCodeError as exc:
+        print(f"align: {NAMES.get(exc.exit_code, 'exit')} ({exc.exit_code}): {exc}", file=sys.stderr)
+        return exc.exit_code
+    except AlignInputError as exc:
+        print(f"align: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return BAD_INPUT
+    return int(code or 0)

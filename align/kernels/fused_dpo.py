@@ -1,0 +1,126 @@
+"""Per-sequence summed log-probs from hidden states and the LM head, in chunks, without the `[tokens, vocab]` logits.
+
+DPO (and reference scoring) needs one number per sequence: sum_i log p(y_i | x, y_<i) over the completion tokens.
+A plain head materialises `hidden @ W.T` for every position, its log-softmax, and the gradients of both (for the
+tiny profile's 8 sequences x 192 tokens x 32768 vocab that is 200 MB per buffer in fp32). Here only the positions
+that carry a label pass through the head, `chunk_size` rows at a time:
+
+    forward, per chunk:   logits = h W^T (fp32),  lse = logsumexp(logits),  logp_i = logits_{i, y_i} - lse_i
+    backward, per chunk:  the logits are recomputed from the saved rows and lse, then with g_i = d loss / d logp_i
+                          d loss / d logits_i = g_i * (onehot(y_i) - softmax_i)
+                          grad_h_i = (d loss / d logits_i) W,    grad_W += (d loss / d logits)^T h   (fp32 sum)
+
+Why recompute instead of computing gradients in forward (as align.kernels.fused_ce does): a DPO loss couples the
+two arms of a pair through a sigmoid, so g_i is unknown until every sequence is scored, and grad_W cannot be
+scaled after the fact per sequence without one (V, D) buffer per sequence. The cost is one extra head GEMM per
+training step (4 instead of 3); the reward is that peak extra memory is one (chunk, V) fp32 buffer. Under
+`torch.no_grad()` (the reference cache) nothing is saved and forward is one GEMM per chunk.
+
+Label convention: `labels[b, t]` is the token that `hidden[b, t]` predicts (already shifted). `next_token_labels`
+turns input-aligned labels (transformers' convention, where the model shifts) into this form."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+IGNORE_INDEX = -100
+
+
+@dataclass(frozen=True)
+class SequenceLogprobs:
+    logps: torch.Tensor  # (B,) fp32 (fp64 for fp64 inputs) summed log-probs of the labelled tokens; differentiable
+    tokens: torch.Tensor  # (B,) int64 number of labelled tokens
+
+
+def _acc_dtype(t: torch.Tensor) -> torch.dtype:
+    """Accumulation dtype: fp32 for fp32/bf16/fp16 inputs, fp64 for fp64 (tests and gradcheck)."""
+    return torch.promote_types(t.dtype, torch.float32)
+
+
+class _ChunkedTokenLogprob(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, chunk_size: int):
+        # shape: hidden (N, D) labelled rows only, weight (V, D), targets (N,) in [0, V) -> logp (N,) fp32
+        n, acc = hidden.shape[0], _acc_dtype(hidden)
+        logp = torch.empty(n, dtype=acc, device=hidden.device)
+        lse = torch.empty(n, dtype=acc, device=hidden.device)
+        for start in range(0, n, chunk_size):
+            stop = min(start + chunk_size, n)
+            logits = (hidden[start:stop] @ weight.t()).to(acc)  # (c, V)
+            lse[start:stop] = torch.logsumexp(logits, dim=-1)
+            logp[start:stop] = logits.gather(1, targets[start:stop, None]).squeeze(1) - lse[start:stop]
+        ctx.save_for_backward(hidden, weight, targets, lse)
+        ctx.chunk_size = chunk_size
+        return logp
+
+    @staticmethod
+    def backward(ctx, grad_logp):
+        hidden, weight, targets, lse = ctx.saved_tensors
+        want_h, want_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        grad_h = torch.empty_like(hidden) if want_h else None
+        acc = lse.dtype
+        grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if want_w else None
+        grad_logp = grad_logp.to(acc)
+        for start in range(0, hidden.shape[0], ctx.chunk_size):
+            stop = min(start + ctx.chunk_size, hidden.shape[0])
+            h, y, g = hidden[start:stop], targets[start:stop], grad_logp[start:stop]
+            dlogits = (h @ weight.t()).to(acc)  # (c, V), recomputed
+            # in place: softmax, then g * (onehot - softmax)
+            dlogits.sub_(lse[start:stop, None]).exp_().mul_(-g[:, None])
+            dlogits[torch.arange(stop - start, device=y.device), y] += g
+            if grad_h is not None:
+                torch.matmul(dlogits.to(hidden.dtype), weight, out=grad_h[start:stop])  # (c, D)
+            if grad_w is not None:
+                if h.dtype == acc:
+                    grad_w.addmm_(dlogits.t(), h)
+                else:  # low-precision GEMM, fp32 accumulation across chunks
+                    grad_w.add_(dlogits.to(h.dtype).t() @ h)
+        if grad_w is not None:
+            grad_w = grad_w.to(weight.dtype)
+        return grad_h, grad_w, None, None
+
+
+def next_token_labels(labels: torch.Tensor, ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
+    """Input-aligned labels (B, T) -> labels aligned with the hidden state that predicts them (B, T): position t gets
+    labels[t + 1], the last position gets `ignore_index`."""
+    shifted = torch.full_like(labels, ignore_index)
+    shifted[:, :-1] = labels[:, 1:]
+    return shifted
+
+
+def sequence_logprobs(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, *, chunk_size: int = 1024,
+                      ignore_index: int = IGNORE_INDEX) -> SequenceLogprobs:
+    """Summed log p(labels) per sequence. hidden (B, T, D), weight (V, D), labels (B, T) aligned with hidden."""
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    if hidden.shape[:2] != labels.shape:
+        raise ValueError(f"hidden {tuple(hidden.shape)} and labels {tuple(labels.shape)} disagree on (B, T)")
+    b, t = labels.shape
+    flat_y = labels.reshape(-1)
+    keep = (flat_y != ignore_index).nonzero().squeeze(1)  # (n,) flat positions that carry a label
+    targets = flat_y.index_select(0, keep)
+    if targets.numel() and (int(targets.min()) < 0 or int(targets.max()) >= weight.shape[0]):
+        raise ValueError(f"labels must lie in [0, {weight.shape[0]}) or equal {ignore_index}")
+    rows = hidden.reshape(b * t, -1).index_select(0, keep)  # (n, D)
+    logp = _ChunkedTokenLogprob.apply(rows, weight, targets, int(chunk_size))  # (n,)
+    seq = torch.div(keep, t, rounding_mode="floor")
+    sums = torch.zeros(b, dtype=logp.dtype, device=hidden.device).index_add(0, seq, logp)
+    return SequenceLogprobs(logps=sums, tokens=torch.bincount(seq, minlength=b))
+
+
+def model_sequence_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor, *,
+                            chunk_size: int = 1024) -> SequenceLogprobs:
+    """Score a batch with an align causal LM (`forward_hidden` + `lm_head`): input-aligned labels, -100 = unscored."""
+    hidden = model.forward_hidden(input_ids, attention_mask)  # (B, T, D)
+    return sequence_logprobs(hidden, model.lm_head.weight, next_token_labels(labels), chunk_size=chunk_size)
+
+
+def reference_sequence_logprobs(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
+                                ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
+    """The unfused formula (full logits, autograd), what the fused path must equal. For tests and benchmarks."""
+    logits = (hidden @ weight.t()).to(_acc_dtype(hidden))  # (B, T, V)
+    mask = labels != ignore_index
+    logp = torch.log_softmax(logits, dim=-1).gather(2, labels.clamp(min=0)[..., None]).squeeze(2)  # (B, T)
+    return (logp * mask).sum(1)

@@ -11,6 +11,7 @@ must default to None."""
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
 import math
 import tomllib
@@ -246,9 +247,22 @@ def _plain(value: Any) -> Any:
 
 def to_toml(cfg: Any) -> str:
     """Serialise a config to TOML: same config, same bytes (field order, fixed float and string formatting)."""
+    return toml_text(to_dict(cfg))
+
+
+def toml_text(data: dict, sort_keys: bool = False) -> str:
+    """Serialise plain TOML data (as `read_toml` returns it) byte-stably; `sort_keys` also makes key order moot."""
     lines: list[str] = []
-    _emit_table(to_dict(cfg), [], lines)
+    _emit_table(_sorted(data) if sort_keys else data, [], lines)
     return "\n".join(lines).strip() + "\n"
+
+
+def _sorted(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _sorted(value[k]) for k in sorted(value)}
+    if isinstance(value, list):
+        return [_sorted(v) for v in value]
+    return value
 
 
 def _emit_table(table: dict, path: list[str], lines: list[str]) -> None:
@@ -287,6 +301,8 @@ def _value(value: Any) -> str:
         return "[" + ", ".join(_value(v) for v in value) + "]"
     if isinstance(value, dict):
         return "{ " + ", ".join(f"{_key(k)} = {_value(v)}" for k, v in value.items()) + " }"
+    if isinstance(value, (datetime.date, datetime.time)):  # TOML dates and times (datetime is a date)
+        return value.isoformat()
     raise TypeError(f"cannot write {type(value).__name__} to TOML")
 
 

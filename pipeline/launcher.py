@@ -1,0 +1,167 @@
+"""The worker launcher: what a ladder task's action does.
+
+Resolved when doit builds its task list (`plan`), run as the task's action (`execute`):
+  1. refuse at once, with one line, what cannot work: a missing or malformed config, a bad common.toml, a missing
+     worker module;
+  2. heavy stages: take the host's heavy-job lock, then the host preflight (exit 83 on refusal);
+  3. run the worker under the supervisor (own process group, output streamed and appended to
+     `<run_dir>/worker.log`, bounded relaunch), `torchrun` when the profile asks for more than one rank;
+  4. check every target exists, then write the receipt, last.
+A failure returns doit's `TaskFailed` (doit records nothing as done) and records the worker's exit code, which the
+doit process then exits with (pipeline.exitcode)."""
+
+from __future__ import annotations
+
+import codecs
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from doit.exceptions import TaskFailed
+
+from align.config import ConfigError
+from align.exceptions import ExitCodeError
+from align.exit_codes import BAD_INPUT
+from align.utils.fsio import sha256_bytes
+from align.profile import CommonConfig
+from align.utils.guard import HeavyJobLock, preflight, resolve_lock_path
+from align.utils.supervisor import supervise
+from pipeline import exitcode
+from pipeline.hashing import code_digest, config_text, module_file
+from pipeline.layout import Project, StageCtx
+from pipeline.receipts import read_metrics, write_receipt
+from pipeline.stage import StageSpec
+
+LOG_NAME = "worker.log"
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One task's launch, fully resolved; `problem` is set when it cannot run (reported by `execute`)."""
+
+    task: str
+    profile: str
+    root: Path
+    runs: Path
+    run_dir: Path
+    receipt: Path
+    argv: tuple[str, ...]
+    file_dep: tuple[Path, ...]
+    targets: tuple[Path, ...]
+    config: str  # canonical text of the stage config (includes merged, keys sorted)
+    code_digest: str
+    heavy: bool
+    common: CommonConfig | None
+    problem: str | None
+
+    def identity(self) -> dict:
+        """What `config_changed` compares between runs: config values, code, and how the worker is launched."""
+        return {"config": self.config, "code": self.code_digest, "argv": list(self.argv[1:]),
+                "problem": self.problem}
+
+    @property
+    def log(self) -> Path:
+        return self.run_dir / LOG_NAME
+
+
+def plan(spec: StageSpec, ctx: StageCtx, project: Project, common: CommonConfig | None,
+         common_problem: str | None) -> Launch:
+    config_path = spec.config_path(ctx)
+    problem, text = common_problem, ""
+    try:
+        text = config_text(config_path)
+    except ConfigError as exc:
+        problem = problem or str(exc)
+    if spec.worker.split(".")[0] in project.packages and module_file(project.root, spec.worker) is None:
+        problem = problem or f"stage {ctx.task}: worker module {spec.worker} not found under {project.root}"
+    argv = [project.python, "-m", spec.worker, "--config", str(config_path), *spec.args(ctx)]
+    world = common.run.world_size if common is not None else 1
+    if spec.distributed and world > 1:
+        argv = [project.python, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
+                *argv[1:]]
+    return Launch(
+        task=ctx.task, profile=ctx.profile, root=project.root, runs=ctx.runs, run_dir=ctx.run_dir, receipt=ctx.receipt,
+        argv=tuple(argv), file_dep=tuple(Path(p) for p in spec.file_dep(ctx)),
+        targets=tuple(Path(p) for p in spec.targets(ctx)), config=text,
+        code_digest=code_digest(project.root, spec.code_modules(), project.packages),
+        heavy=spec.heavy, common=common, problem=problem)
+
+
+def _fail(code: int, message: str) -> TaskFailed:
+    exitcode.record(code)
+    print(f"align: {message}", file=sys.stderr, flush=True)
+    return TaskFailed(message)
+
+
+def execute(launch: Launch) -> TaskFailed | None:
+    """The doit action of a ladder task."""
+    if launch.problem is not None:
+        return _fail(BAD_INPUT, launch.problem)
+    launch.run_dir.mkdir(parents=True, exist_ok=True)
+    launch.receipt.unlink(missing_ok=True)  # a receipt must never describe outputs being replaced
+    lock = None
+    try:
+        if launch.heavy:
+            lock = HeavyJobLock(resolve_lock_path(launch.common.lock),
+                                command=f"align {launch.task} (profile {launch.profile}) pid {os.getpid()}")
+            lock.acquire()
+            preflight(launch.common.preflight, launch.run_dir)
+        t0 = time.monotonic()
+        code, reason = _run_worker(launch, lock)
+    except ExitCodeError as exc:
+        return _fail(exc.exit_code, f"{launch.task}: {exc}")
+    finally:
+        if lock is not None:
+            lock.release()
+    if code != 0:
+        return _fail(code, f"{launch.task}: worker exited {code} ({reason}); log: {launch.log}")
+    missing = [str(p) for p in launch.targets if not p.is_file()]
+    if missing:
+        return _fail(1, f"{launch.task}: worker exited 0 but did not publish {', '.join(missing)}")
+    write_receipt(launch.receipt, task=launch.task, profile=launch.profile, root=launch.root,
+                  inputs=launch.file_dep, outputs=launch.targets, code_digest=launch.code_digest,
+                  config_digest=sha256_bytes(launch.config.encode()), config=_resolved_config(launch),
+                  metrics=read_metrics(launch.run_dir), wall_s=time.monotonic() - t0,
+                  extra={"argv": list(launch.argv[1:])})
+    return None
+
+
+def _resolved_config(launch: Launch) -> str:
+    # The worker's own resolved config (defaults filled in) when it wrote one; else the file as the launcher read it.
+    resolved = launch.run_dir / "resolved_config.toml"
+    return resolved.read_text() if resolved.is_file() else launch.config
+
+
+def _run_worker(launch: Launch, lock: HeavyJobLock | None) -> tuple[int, str]:
+    env = dict(os.environ, ALIGN_PROFILE=launch.profile, ALIGN_RUN_DIR=str(launch.run_dir),
+               ALIGN_RUNS_DIR=str(launch.runs), ALIGN_ROOT=str(launch.root),
+               PYTHONUNBUFFERED="1",
+               PYTHONPATH=os.pathsep.join(p for p in (str(launch.root), os.environ.get("PYTHONPATH")) if p))
+    common = launch.common
+    check = (lambda: preflight(common.preflight, launch.run_dir)) if launch.heavy else None
+    with open(launch.log, "ab") as log:
+        result = supervise(launch.argv, launch.run_dir, config=common.supervisor, env=env, cwd=launch.root,
+                           log=log, echo=_stdout_sink(), preflight=check,
+                           pass_fds=(lock.fileno(),) if lock is not None else ())
+    return result.exit_code, result.reason
+
+
+class _TextSink:
+    """Bytes in, text out, for a stdout that has no binary buffer (doit or pytest capturing it)."""
+
+    def __init__(self, stream):
+        self.stream = stream
+        self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
+
+    def write(self, data: bytes) -> None:
+        self.stream.write(self.decoder.decode(data))
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+
+def _stdout_sink():
+    buffer = getattr(sys.stdout, "buffer", None)
+    return buffer if buffer is not None else _TextSink(sys.stdout)

@@ -1,0 +1,59 @@
+"""The `smoke` task: the whole ladder (whatever stages exist) under profile `smoke`, summed up in one receipt.
+
+Under profile `smoke` it depends on every stage's receipt and writes `runs/smoke/receipts/smoke.json` (each task's
+outputs, metrics and code digest, and the ladder stages not declared yet). Under any other profile, `doit smoke`
+runs `doit profile=smoke smoke` in a child process: the two profiles have different task sets and databases, and the
+child's doit decides what is up to date, so the delegating task itself always runs (it costs one no-op doit)."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Sequence
+
+from doit.exceptions import TaskFailed
+
+from align.utils.fsio import atomic_write_json
+from pipeline import exitcode
+from pipeline.layout import Layout, Project
+from pipeline.receipts import read_receipt
+from pipeline.stage import LADDER, SMOKE, StageSpec
+from pipeline.tasks import receipts_of
+
+SMOKE_PROFILE = "smoke"
+
+
+def smoke_task(project: Project, profile: str, stages: Sequence[StageSpec], dodo: Path) -> dict:
+    doc = "the ladder under profile smoke (what CI runs), summed up in receipts/smoke.json"
+    if profile != SMOKE_PROFILE:
+        argv = [project.python, "-m", "doit", "-f", str(dodo), f"profile={SMOKE_PROFILE}", SMOKE]
+        return {"basename": SMOKE, "doc": doc, "actions": [(_delegate, [argv, project.root])], "uptodate": []}
+    layout = Layout(project, profile)
+    receipts = receipts_of(project, profile, stages)
+    missing = [name for name in LADDER if name not in {s.name for s in stages}]
+    return {
+        "basename": SMOKE,
+        "doc": doc,
+        "actions": [(_summarise, [receipts, layout.receipt(SMOKE), missing])],
+        "file_dep": [str(p) for p in receipts],
+        "targets": [str(layout.receipt(SMOKE))],
+    }
+
+
+def _delegate(argv: list[str], cwd: Path) -> TaskFailed | None:
+    code = subprocess.run(argv, cwd=cwd).returncode
+    if code != 0:
+        exitcode.record(code)
+        return TaskFailed(f"smoke: `{' '.join(argv[1:])}` exited {code}")
+    return None
+
+
+def _summarise(receipts: list[Path], out: Path, missing: list[str]) -> None:
+    tasks = {}
+    for path in receipts:
+        r = read_receipt(path)
+        tasks[r["task"]] = {"outputs": r["outputs"], "metrics": r["metrics"], "code_digest": r["code_digest"],
+                            "wall_s": r["wall_s"]}
+    atomic_write_json(out, {"task": SMOKE, "profile": SMOKE_PROFILE, "tasks": tasks,
+                            "stages_not_declared": missing,
+                            "wall_s": round(sum(t["wall_s"] for t in tasks.values()), 3)})

@@ -1,0 +1,1 @@
+"""One module per ladder stage, each defining `STAGE = StageSpec(...)`; see docs/PIPELINE.md."""

@@ -1,0 +1,73 @@
+"""Turn stage declarations into doit task dicts, in ladder order. Task creation only builds metadata (doit's advice):
+paths, hashes of code and config; nothing runs until doit calls an action."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterator, Sequence
+
+from doit.exceptions import InvalidDodoFile
+from doit.tools import config_changed
+
+from align.exceptions import AlignInputError
+from pipeline import launcher
+from pipeline.layout import Layout, Project
+from pipeline.profiles import check_profile, load_common
+from pipeline.stage import StageSpec
+
+
+def doit_config(project: Project, profile: str) -> dict:
+    """DOIT_CONFIG for a profile: md5 checker, sqlite3 database under runs/<profile>/, ladder order in `doit list`."""
+    layout = Layout(project, profile)
+    return {
+        "backend": "sqlite3",  # transactional; the json backend is rewritten non-atomically (doit#119)
+        "dep_file": str(layout.db_file),
+        "check_file_uptodate": "md5",  # content, not mtime: touching a file reruns nothing
+        "sort": "definition",
+        "verbosity": 2,  # stream worker output as it comes
+    }
+
+
+def prepare_runs(project: Project, profile: str) -> None:
+    """doit opens its database before any task runs; its directory must exist."""
+    Layout(project, profile).runs.mkdir(parents=True, exist_ok=True)
+
+
+def ladder_tasks(project: Project, profile: str, stages: Sequence[StageSpec]) -> Iterator[dict]:
+    """One doit task per stage (per variant for stages with variants), in the order given."""
+    try:
+        check_profile(project, profile)
+    except ValueError as exc:
+        raise InvalidDodoFile(str(exc)) from None  # doit prints one line and exits 3
+    layout = Layout(project, profile)
+    common, common_problem = None, None
+    try:
+        common = load_common(layout)
+    except AlignInputError as exc:
+        common_problem = str(exc)  # reported when a task runs, so `doit list` still works
+    for spec in stages:
+        ctxs = spec.contexts(layout)
+        if spec.variants is not None:
+            yield {"basename": spec.name, "name": None, "doc": spec.doc}
+        for ctx in ctxs:
+            plan = launcher.plan(spec, ctx, project, common, common_problem)
+            yield _task(spec, plan, variant=ctx.variant)
+
+
+def _task(spec: StageSpec, plan: launcher.Launch, variant: str | None) -> dict:
+    task = {
+        "basename": spec.name,
+        "doc": spec.doc,
+        "actions": [(launcher.execute, [plan])],
+        "file_dep": [str(p) for p in plan.file_dep],
+        "targets": [str(p) for p in (*plan.targets, plan.receipt)],
+        "uptodate": [config_changed(plan.identity())],
+    }
+    if variant is not None:
+        task["name"] = variant
+    return task
+
+
+def receipts_of(project: Project, profile: str, stages: Sequence[StageSpec]) -> list[Path]:
+    layout = Layout(project, profile)
+    return [ctx.receipt for spec in stages for ctx in spec.contexts(layout)]

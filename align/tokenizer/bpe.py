@@ -1,0 +1,136 @@
+"""The BPE model of a tokenizer.json: initial symbols (characters, byte fallback, unknown token), the merge loop,
+`ignore_merges`, and a bounded word cache.
+
+Speed comes from two facts: most words repeat, so their ids are cached; and a SentencePiece-style text (one long
+pre-token with `▁` for spaces) can be cut before every `▁` that follows another character without changing the
+result, because no merge produces a piece containing such a boundary (checked on the merges at load time; when
+a vocabulary breaks that rule the text is merged whole, which is exact but slow).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from itertools import chain
+
+from align.exceptions import ArtifactError
+from align.tokenizer.bpe_merge import merge
+
+SPACE_MARK = "\u2581"
+# A chunk: a run of ▁ with the non-▁ characters after it, or non-▁ characters at the start of a pre-token.
+_CHUNK_RE = re.compile(f"{SPACE_MARK}+[^{SPACE_MARK}]*|[^{SPACE_MARK}]+")
+_CROSSES_CHUNK = re.compile(f"[^{SPACE_MARK}]{SPACE_MARK}")
+
+
+@dataclass(frozen=True)
+class BpeCacheConfig:
+    """Bounds of the word cache (memory is at most about max_entries x max_word_chars characters)."""
+
+    max_entries: int = 65536  # the cache is emptied when it reaches this many words
+    max_word_chars: int = 256  # longer words are never cached (a 10,000-character word would pin memory)
+
+
+def parse_merges(raw: list, source: str) -> list[tuple[str, str]]:
+    """tokenizer.json merges: `[["a", "b"], ...]` (current format) or `["a b", ...]` (older format)."""
+    merges: list[tuple[str, str]] = []
+    for n, item in enumerate(raw):
+        if isinstance(item, str):
+            parts = item.split(" ")
+        else:
+            parts = list(item)
+        if len(parts) != 2 or not all(isinstance(p, str) for p in parts):
+            raise ArtifactError(f"{source}: model.merges[{n}] = {item!r}: expected a pair of tokens")
+        merges.append((parts[0], parts[1]))
+    return merges
+
+
+class BpeModel:
+    """Word -> ids for one BPE vocabulary. `protected` tokens (special added tokens) are never produced by the
+    `ignore_merges` whole-word lookup, so text that merely spells `[INST]` cannot become the control token."""
+
+    def __init__(self, spec: dict, source: str, protected: set[str], cache: BpeCacheConfig = BpeCacheConfig()):
+        _refuse_unsupported(spec, source)
+        self.vocab: dict[str, int] = dict(spec["vocab"])
+        merges = parse_merges(spec.get("merges", []), source)
+        self.ranks: dict[tuple[str, str], int] = {}
+        for rank, (a, b) in enumerate(merges):
+            if a not in self.vocab or b not in self.vocab or a + b not in self.vocab:
+                raise ArtifactError(f"{source}: model.merges[{rank}] = {[a, b]!r} uses a token not in the vocab")
+            self.ranks[(a, b)] = rank  # NOTE: a duplicated pair keeps its last rank, as tokenizers' map does
+        self.unk_token: str | None = spec.get("unk_token")
+        if self.unk_token is not None and self.unk_token not in self.vocab:
+            raise ArtifactError(f"{source}: model.unk_token {self.unk_token!r} is not in the vocab")
+        self.byte_fallback = bool(spec.get("byte_fallback", False))
+        self.fuse_unk = bool(spec.get("fuse_unk", False))
+        self._source = source
+        self._whole: dict[str, int] | None = None
+        if spec.get("ignore_merges", False):
+            self._whole = {t: i for t, i in self.vocab.items() if t not in protected}
+        crosses = any(_CROSSES_CHUNK.search(a + b) for a, b in merges)
+        self._chunk_re = _CHUNK_RE if SPACE_MARK in self.vocab and not crosses else None
+        self._cache: dict[str, tuple[int, ...]] = {}
+        self._cache_cfg = cache
+        self._byte_tokens = [f"<0x{b:02X}>" for b in range(256)]
+
+    def tokenize(self, word: str) -> list[int]:
+        """Ids of one pre-token."""
+        if self._whole is not None:
+            whole = self._whole.get(word)
+            if whole is not None:
+                return [whole]
+        if self._chunk_re is None:
+            return list(self.word_ids(word))
+        get = self._cache.get
+        word_ids = self.word_ids
+        return list(chain.from_iterable([get(c) or word_ids(c) for c in self._chunk_re.findall(word)]))
+
+    def word_ids(self, word: str) -> tuple[int, ...]:
+        """Ids of one chunk (cached). A chunk is never empty, so its tuple is never empty either."""
+        cached = self._cache.get(word)
+        if cached is not None:
+            return cached
+        vocab = self.vocab
+        ids = tuple([vocab[s] for s in merge(self._initial_symbols(word), self.ranks)])
+        if len(word) <= self._cache_cfg.max_word_chars:
+            if len(self._cache) >= self._cache_cfg.max_entries:
+                self._cache.clear()  # bounded memory; a refill costs one merge per distinct word
+            self._cache[word] = ids
+        return ids
+
+    def cache_size(self) -> int:
+        return len(self._cache)
+
+    def _initial_symbols(self, word: str) -> list[str]:
+        vocab = self.vocab
+        symbols: list[str] = []
+        unk_open = False  # the last symbol is an unknown-token run that fuse_unk may extend
+        for ch in word:
+            if ch in vocab:
+                symbols.append(ch)
+                unk_open = False
+                continue
+            if self.byte_fallback:
+                pieces = [self._byte_tokens[b] for b in ch.encode("utf-8")]
+                if all(p in vocab for p in pieces):
+                    symbols.extend(pieces)
+                    unk_open = False
+                    continue
+            if self.unk_token is None:
+                raise ValueError(f"{self._source}: character {ch!r} (U+{ord(ch):04X}) has no token, no byte "
+                                 f"fallback and the model has no unk_token")
+            if not (unk_open and self.fuse_unk):
+                symbols.append(self.unk_token)
+            unk_open = True
+        return symbols
+
+
+def _refuse_unsupported(spec: dict, source: str) -> None:
+    if spec.get("type", "BPE") != "BPE":
+        raise NotImplementedError(f"{source}: model.type {spec.get('type')!r} (align.tokenizer implements BPE)")
+    if spec.get("dropout") not in (None, 0, 0.0):
+        raise NotImplementedError(f"{source}: model.dropout={spec['dropout']!r} (BPE dropout is random)")
+    for key in ("continuing_subword_prefix", "end_of_word_suffix"):
+        if spec.get(key):
+            raise NotImplementedError(f"{source}: model.{key}={spec[key]!r}")
+    if not isinstance(spec.get("vocab"), dict):
+        raise ArtifactError(f"{source}: model.vocab must be an object of token -> id")

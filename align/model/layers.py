@@ -1,0 +1,87 @@
+"""The reusable pieces of a Mistral block: RMSNorm, rotary position embedding, SwiGLU MLP.
+
+They are plain functions and small modules so the inference engine (paged attention, flat token batches) can call
+them directly. Every function here accepts any number of leading dimensions; only the last (feature) dimension and,
+for RoPE, the head dimension layout matter. Numerics follow transformers' Mistral exactly, including where bf16
+rounding happens (norm statistics in fp32, cast back before the weight multiply; cos/sin in fp32, cast to the
+activation dtype), so that bf16 parity is a matter of kernel order, not of a different formula.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x * rsqrt(mean(x^2) + eps) in fp32, cast back to x.dtype, then times weight. x: (..., D), weight: (D,)."""
+    dtype = x.dtype
+    # NOTE: a hand-written expression, not F.rms_norm: on CPU (torch 2.13) F.rms_norm's forward+backward measured
+    # 2x slower, and its bf16 path multiplies the weight before rounding, which differs from transformers.
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(dtype)
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square layer norm with a learned scale (`weight`, HF name), no bias."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, self.weight, self.eps)
+
+    def reset_parameters(self) -> None:
+        nn.init.ones_(self.weight)
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.shape[0]}, eps={self.eps}"
+
+
+def rope_inv_freq(head_dim: int, theta: float, device=None) -> torch.Tensor:
+    """Inverse frequencies theta^(-2i/d), i < d/2, in fp32. shape: (head_dim // 2,)"""
+    return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim))
+
+
+def rope_cos_sin(position_ids: torch.Tensor, head_dim: int, theta: float,
+                 dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin tables for the given positions. position_ids: (...) int -> cos, sin: (..., head_dim) in `dtype`.
+
+    Computed per call from the positions rather than cached: it is (tokens x head_dim) work, there is no buffer to
+    shard, to move between devices or to leave uninitialised after a meta-device build, and the values are exactly
+    transformers' (fp32 position * fp32 inv_freq, then cos/sin)."""
+    inv_freq = rope_inv_freq(head_dim, theta, device=position_ids.device)
+    freqs = position_ids[..., None].float() * inv_freq  # (..., head_dim/2)
+    emb = torch.cat((freqs, freqs), dim=-1)  # (..., head_dim): the "rotate half" layout HF checkpoints expect
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """(x1, x2) -> (-x2, x1) on the last dimension split in halves."""
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x: (..., T, H, Dh) token-major with cos/sin: (..., T, Dh). The head axis is broadcast.
+
+    For a flat batch of tokens, x: (N, H, Dh) with cos/sin: (N, Dh) works the same way."""
+    cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)  # (..., T, 1, Dh): broadcast over heads
+    return x * cos + rotate_half(x) * sin
+
+
+class MistralMLP(nn.Module):
+    """SwiGLU feed-forward: down(silu(gate(x)) * up(x)). x: (..., D) -> (..., D). HF parameter names."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))

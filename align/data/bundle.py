@@ -1,0 +1,143 @@
+"""The embedded default data: the bundled math task split into SFT, preference pairs, RL prompts and held-out eval,
+written as parquet under `data/raw/` byte-identically from a seed.
+
+Held-out discipline: the eval problems are drawn first and their arithmetic keys (see `mathtask.Problem.key`) are
+excluded from every training split, so no eval problem is seen in training, not even reworded. Within a split no
+question text repeats (ingest would de-duplicate it anyway).
+
+Byte identity: rows are built in a seeded order and written with fixed writer options (`WRITE_OPTIONS`); parquet
+records the writer's version (`created_by`), so identical bytes need the same pyarrow version, which
+`data/raw/GENERATED.json` records beside the files' hashes."""
+
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from align.config import to_dict
+from align.utils.fsio import atomic_write_json, sha256_file
+from align.data.mathtask import WRONG_KINDS, Problem, draw_problem, render_solution, wrong_solution
+
+MESSAGE = pa.struct([("role", pa.string()), ("content", pa.string())])
+SCHEMAS = {
+    "math_sft": pa.schema([("id", pa.string()), ("level", pa.int8()), ("key", pa.string()),
+                           ("messages", pa.list_(MESSAGE))]),
+    "math_pairs": pa.schema([("id", pa.string()), ("level", pa.int8()), ("key", pa.string()),
+                             ("prompt", pa.string()), ("chosen", pa.string()), ("rejected", pa.string()),
+                             ("error_kind", pa.string())]),
+    "math_rl": pa.schema([("id", pa.string()), ("level", pa.int8()), ("key", pa.string()),
+                          ("prompt", pa.string()), ("answer", pa.string())]),
+    "math_eval": pa.schema([("id", pa.string()), ("level", pa.int8()), ("key", pa.string()),
+                            ("prompt", pa.string()), ("answer", pa.string()), ("solution", pa.string())]),
+}
+# NOTE: every option that changes bytes is pinned here; pyarrow's defaults have changed between releases.
+WRITE_OPTIONS = dict(compression="zstd", compression_level=9, use_dictionary=True, write_statistics=False,
+                     version="2.6", data_page_version="1.0", row_group_size=4096, store_schema=True)
+
+
+@dataclass(frozen=True)
+class BundleConfig:
+    """Sizes and mixture of the bundled task. `level_mix` weights levels 1, 2, 3 in the training splits."""
+
+    seed: int = 20261130
+    n_sft: int = 6000
+    n_pairs: int = 1500
+    n_rl: int = 1000
+    n_eval_per_level: int = 100
+    level_mix: tuple[float, float, float] = (0.3, 0.35, 0.35)
+    wrong_kinds: tuple[str, ...] = field(default=WRONG_KINDS)
+
+
+def _unique_problems(rng: random.Random, levels: list[int], banned_keys: set[str], seen_text: set[str],
+                     unique_keys: bool = False) -> list[Problem]:
+    """Draw one problem per requested level, skipping banned keys and repeated question texts."""
+    out: list[Problem] = []
+    keys: set[str] = set()
+    for level in levels:
+        for _attempt in range(10_000):
+            p = draw_problem(rng, level)
+            if p.key in banned_keys or p.question in seen_text or (unique_keys and p.key in keys):
+                continue
+            seen_text.add(p.question)
+            keys.add(p.key)
+            out.append(p)
+            break
+        else:
+            raise RuntimeError(f"level {level}: could not draw a fresh problem; the key space is exhausted")
+    return out
+
+
+def _levels(rng: random.Random, n: int, mix: tuple[float, ...]) -> list[int]:
+    return rng.choices((1, 2, 3), weights=mix, k=n)
+
+
+def draw_splits(cfg: BundleConfig) -> dict[str, list[Problem]]:
+    """Problems of each split. Each split has its own RNG stream, so resizing one split leaves the others intact."""
+    eval_levels = [lvl for lvl in (1, 2, 3) for _ in range(cfg.n_eval_per_level)]
+    eval_problems = _unique_problems(random.Random(f"{cfg.seed}:eval"), eval_levels, set(), set(), unique_keys=True)
+    banned = {p.key for p in eval_problems}
+    splits = {"math_eval": eval_problems}
+    for name, n in (("math_sft", cfg.n_sft), ("math_pairs", cfg.n_pairs), ("math_rl", cfg.n_rl)):
+        rng = random.Random(f"{cfg.seed}:{name}")
+        splits[name] = _unique_problems(rng, _levels(rng, n, cfg.level_mix), banned, set())
+    return splits
+
+
+def _pair_row(rng: random.Random, i: int, p: Problem, kinds: tuple[str, ...]) -> dict:
+    for _attempt in range(100):
+        kind = rng.choice(kinds)
+        rejected = wrong_solution(rng, p, kind)
+        if rejected is not None:
+            return dict(id=f"pair-{i:05d}", level=p.level, key=p.key, prompt=p.question,
+                        chosen=render_solution(p.steps), rejected=rejected, error_kind=kind)
+    raise RuntimeError(f"problem {p.key}: no wrong solution after 100 draws")
+
+
+def build_tables(cfg: BundleConfig = BundleConfig()) -> dict[str, pa.Table]:
+    """The four tables of the bundle, keyed by file stem."""
+    splits = draw_splits(cfg)
+    rows: dict[str, list[dict]] = {
+        "math_sft": [dict(id=f"sft-{i:05d}", level=p.level, key=p.key,
+                          messages=[{"role": "user", "content": p.question},
+                                    {"role": "assistant", "content": render_solution(p.steps)}])
+                     for i, p in enumerate(splits["math_sft"])],
+        "math_rl": [dict(id=f"rl-{i:05d}", level=p.level, key=p.key, prompt=p.question, answer=str(p.answer))
+                    for i, p in enumerate(splits["math_rl"])],
+        "math_eval": [dict(id=f"eval-{i:05d}", level=p.level, key=p.key, prompt=p.question,
+                           answer=str(p.answer), solution=render_solution(p.steps))
+                      for i, p in enumerate(splits["math_eval"])],
+    }
+    pair_rng = random.Random(f"{cfg.seed}:pair-errors")
+    rows["math_pairs"] = [_pair_row(pair_rng, i, p, cfg.wrong_kinds) for i, p in enumerate(splits["math_pairs"])]
+    return {name: pa.Table.from_pylist(rows[name], schema=SCHEMAS[name]) for name in SCHEMAS}
+
+
+def write_table(table: pa.Table, path: str | Path) -> None:
+    """Write with the pinned options, staged and renamed so a reader never sees a half-written file."""
+    staged = Path(path).with_name(f".{Path(path).name}.tmp")
+    pq.write_table(table, str(staged), **WRITE_OPTIONS)
+    os.replace(staged, path)
+
+
+def generated_record(directory: str | Path) -> dict:
+    """What `GENERATED.json` says: the writer's pyarrow version and the sha256 of every bundle file."""
+    directory = Path(directory)
+    return {"pyarrow": pa.__version__,
+            "files": {f"{name}.parquet": sha256_file(directory / f"{name}.parquet") for name in SCHEMAS
+                      if (directory / f"{name}.parquet").is_file()}}
+
+
+def write_bundle(directory: str | Path, cfg: BundleConfig = BundleConfig()) -> dict:
+    """Write the four parquet files and `GENERATED.json` (their hashes and the pyarrow version) into `directory`."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, table in build_tables(cfg).items():
+        write_table(table, directory / f"{name}.parquet")
+    record = {**generated_record(directory), "config": to_dict(cfg)}
+    atomic_write_json(directory / "GENERATED.json", record)
+    return record

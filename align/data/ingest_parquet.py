@@ -1,0 +1,182 @@
+"""Parquet in, validated and de-duplicated records out: the `ingest:<source>` stage's library half.
+
+The input is streamed one batch of a row group at a time (`ParquetFile.iter_batches`), so a file larger than memory
+works; only the set of content hashes (32 bytes a row) is held. Output: `records.parquet` in the normalised layout
+of the source's kind (`schema.NORMALISED`) and `manifest.json` (kind "records") with row counts, the rejected rows
+and their reasons, and the input file's sha256. Everything is written into a staging directory and published by
+rename: a failure leaves no output that looks finished.
+
+Bad input: a missing, non-parquet or truncated file, a missing or mistyped column, and an empty dataset each raise
+`DataError` naming the file (and the column). A row that violates the schema is a counted rejection naming its row
+and column; more than `max_reject_fraction` of the rows rejected fails the source."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, Literal
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from align.data.schema import NORMALISED, RowError, content_hash, to_row, validate
+from align.data.sources import FORMATS, make_record, type_name, type_ok
+from align.exceptions import DataError
+from align.utils.fsio import publish_dir, sha256_file, staging_dir
+from align.utils.manifest import write_manifest
+
+RECORDS = "records.parquet"
+MANIFEST_KIND = "records"
+MAX_LISTED_REJECTIONS = 1000
+WRITE_OPTIONS = dict(compression="zstd", compression_level=3, use_dictionary=True, write_statistics=False,
+                     version="2.6", data_page_version="1.0")
+
+
+@dataclass(frozen=True)
+class SourceConfig:
+    """One parquet source and how its columns map to a record kind (see align.data.sources for the formats)."""
+
+    path: str
+    kind: Literal["sft", "pairs", "prompts"]
+    format: Literal["messages", "prompt_response", "gsm8k", "math", "argilla", "pair_columns", "prompt_answer"]
+    columns: dict[str, str] = field(default_factory=dict)  # logical name -> column name in the file
+    id_column: str | None = None  # None: ids are `<source>-<row>`
+    group_column: str | None = None  # a stratum (difficulty level, subject); any type, stored as text
+    max_reject_fraction: float = 0.01
+    batch_rows: int = 2048
+
+    def __post_init__(self):
+        if self.kind not in FORMATS[self.format].kinds:
+            raise ValueError(f"format {self.format!r} makes {' or '.join(FORMATS[self.format].kinds)} records, "
+                             f"not {self.kind!r}")
+        unknown = sorted(set(self.columns) - set(FORMATS[self.format].columns))
+        if unknown:
+            raise ValueError(f"columns: {unknown[0]!r} is not a column of format {self.format!r}; "
+                             f"its columns: {', '.join(FORMATS[self.format].columns)}")
+        if not 0.0 <= self.max_reject_fraction <= 1.0:
+            raise ValueError(f"max_reject_fraction must be in [0, 1], got {self.max_reject_fraction}")
+
+
+@dataclass
+class IngestStats:
+    rows_in: int = 0
+    rows_out: int = 0
+    duplicates: int = 0
+    rejected: int = 0
+    rejections: list[dict] = field(default_factory=list)
+
+    def reject(self, row: int, column: str, reason: str) -> None:
+        self.rejected += 1
+        if len(self.rejections) < MAX_LISTED_REJECTIONS:
+            self.rejections.append({"row": row, "column": column, "reason": reason})
+
+
+def open_parquet(path: Path) -> pq.ParquetFile:
+    if not path.is_file():
+        raise DataError(f"{path}: file not found")
+    try:
+        return pq.ParquetFile(path)
+    except (pa.ArrowInvalid, pa.ArrowException, OSError) as exc:
+        raise DataError(f"{path}: not a readable parquet file ({exc})") from None
+
+
+def column_plan(src: SourceConfig, schema: pa.Schema, path: Path) -> dict[str, str]:
+    """Map logical names (plus `_id`, `_group`) to file columns, checking presence and type."""
+    plan = {logical: src.columns.get(logical, logical) for logical in FORMATS[src.format].columns}
+    names = schema.names
+    for logical, column in plan.items():
+        if column not in names:
+            raise DataError(f"{path}: missing column {column!r} (format {src.format!r} needs it as {logical!r}); "
+                            f"columns present: {', '.join(names)}")
+        expected = FORMATS[src.format].columns[logical]
+        actual = schema.field(column).type
+        if not type_ok(actual, expected):
+            raise DataError(f"{path}: column {column!r} has type {actual}, expected {type_name(expected)}")
+    for key, column in (("_id", src.id_column), ("_group", src.group_column)):
+        if column is not None:
+            if column not in names:
+                raise DataError(f"{path}: missing column {column!r} (configured as {key[1:]}_column)")
+            plan[key] = column
+    return plan
+
+
+def iter_rows(pf: pq.ParquetFile, plan: dict[str, str], path: Path, batch_rows: int) -> Iterator[dict]:
+    """Rows as dicts keyed by logical name, streamed one row group batch at a time."""
+    columns = sorted(set(plan.values()))
+    inverse = [(logical, column) for logical, column in plan.items()]
+    for group in range(pf.num_row_groups):
+        try:
+            batches = pf.iter_batches(batch_size=batch_rows, row_groups=[group], columns=columns)
+            for batch in batches:
+                data = batch.to_pydict()
+                for i in range(batch.num_rows):
+                    yield {logical: data[column][i] for logical, column in inverse}
+        except (pa.ArrowException, OSError) as exc:
+            raise DataError(f"{path}: row group {group} is unreadable (truncated or corrupt file?): {exc}") from None
+
+
+def _reject_ceiling(stats: IngestStats, src: SourceConfig, path: Path) -> None:
+    if stats.rows_in == 0:
+        raise DataError(f"{path}: the dataset is empty (0 rows)")
+    if stats.rejected / stats.rows_in > src.max_reject_fraction:
+        first = "; ".join(f"row {r['row']}, column {r['column']!r}: {r['reason']}" for r in stats.rejections[:3])
+        raise DataError(f"{path}: {stats.rejected} of {stats.rows_in} rows rejected, more than the allowed "
+                        f"{src.max_reject_fraction:.1%} (max_reject_fraction); first: {first}")
+    if stats.rows_out == 0:
+        raise DataError(f"{path}: no valid rows")
+
+
+def _column_of(plan: dict[str, str], field_path: str) -> str:
+    """`messages[1].role` -> `<file column>[1].role`: the rejection names the column as the file spells it."""
+    base = field_path.split("[")[0]
+    return plan.get(base, base) + field_path[len(base):]
+
+
+def _write_records(name: str, src: SourceConfig, pf: pq.ParquetFile, plan: dict[str, str], path: Path,
+                   target: Path) -> IngestStats:
+    stats, seen, buffer = IngestStats(), set(), []
+    schema = NORMALISED[src.kind]
+    with pq.ParquetWriter(str(target), schema, **WRITE_OPTIONS) as writer:
+        for index, row in enumerate(iter_rows(pf, plan, path, src.batch_rows)):
+            stats.rows_in += 1
+            rid = str(row["_id"]) if row.get("_id") is not None else f"{name}-{index}"
+            group = "" if row.get("_group") is None else str(row["_group"])
+            try:
+                record = validate(make_record(src.format, src.kind, row, rid, group))
+            except RowError as exc:
+                stats.reject(index, _column_of(plan, exc.field), exc.reason)
+                continue
+            digest = content_hash(record)
+            if digest in seen:  # exact duplicate of what a model would see: keep the first
+                stats.duplicates += 1
+                continue
+            seen.add(digest)
+            buffer.append(to_row(record))
+            stats.rows_out += 1
+            if len(buffer) >= src.batch_rows:
+                writer.write_table(pa.Table.from_pylist(buffer, schema=schema))
+                buffer.clear()
+        if buffer:
+            writer.write_table(pa.Table.from_pylist(buffer, schema=schema))
+    return stats
+
+
+def ingest_source(name: str, src: SourceConfig, out_dir: str | Path, base_dir: str | Path = ".") -> dict:
+    """Ingest one source into `out_dir` (published atomically). Returns the manifest."""
+    path = Path(base_dir) / src.path
+    pf = open_parquet(path)
+    plan = column_plan(src, pf.schema_arrow, path)
+    staging = staging_dir(out_dir)
+    try:
+        stats = _write_records(name, src, pf, plan, path, staging / RECORDS)
+        _reject_ceiling(stats, src, path)
+        manifest = write_manifest(staging, MANIFEST_KIND, inputs={src.path: sha256_file(path)}, extra={
+            "source": name, "record_kind": src.kind, "format": src.format, "rows_in": stats.rows_in,
+            "rows_out": stats.rows_out, "duplicates": stats.duplicates, "rejected": stats.rejected,
+            "rejections": stats.rejections})
+        publish_dir(staging, out_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)  # nothing half-written survives a failure
+        raise
+    return manifest

@@ -1,0 +1,163 @@
+"""Source formats: how the columns of a parquet file become schema records.
+
+A source names a `format` (the layout of its columns) and the record `kind` to make of it. Each format has logical
+columns with default names; a source config can rename them (`columns = { question = "problem_text" }`).
+
+| format          | logical columns (type)                        | kinds          |
+|-----------------|-----------------------------------------------|----------------|
+| messages        | messages (list<struct<role, content>>)         | sft            |
+| prompt_response | prompt (string), response (string)            | sft            |
+| gsm8k           | question (string), answer (string, `#### N`)  | sft, prompts   |
+| math            | problem (string), solution (string, \\boxed)   | sft, prompts   |
+| argilla         | chosen, rejected (list<struct<role, content>>) | pairs          |
+| pair_columns    | prompt, chosen, rejected (string)             | pairs          |
+| prompt_answer   | prompt (string), answer (string)              | prompts        |
+
+GSM8K solutions become worked solutions in the bundled task's style: calculator annotations `<<48/2=24>>` are
+dropped and the final `#### N` line becomes `The answer is \\boxed{N}.`, so every SFT source teaches one answer
+format, the one the verifier reads."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from align.data.schema import Conversation, Message, OutcomePrompt, PreferencePair, Record, RowError
+
+TEXT, MESSAGES = "text", "messages"
+
+
+@dataclass(frozen=True)
+class Format:
+    columns: dict[str, str]  # logical column -> TEXT | MESSAGES
+    kinds: tuple[str, ...]
+
+
+FORMATS = {
+    "messages": Format({"messages": MESSAGES}, ("sft",)),
+    "prompt_response": Format({"prompt": TEXT, "response": TEXT}, ("sft",)),
+    "gsm8k": Format({"question": TEXT, "answer": TEXT}, ("sft", "prompts")),
+    "math": Format({"problem": TEXT, "solution": TEXT}, ("sft", "prompts")),
+    "argilla": Format({"chosen": MESSAGES, "rejected": MESSAGES}, ("pairs",)),
+    "pair_columns": Format({"prompt": TEXT, "chosen": TEXT, "rejected": TEXT}, ("pairs",)),
+    "prompt_answer": Format({"prompt": TEXT, "answer": TEXT}, ("prompts",)),
+}
+
+
+# ---------------------------------------------------------------------------------------------------- arrow types
+
+def type_ok(arrow_type: pa.DataType, expected: str) -> bool:
+    """Whether a parquet column's type can carry a logical column of type TEXT or MESSAGES."""
+    if expected == TEXT:
+        return pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type)
+    if not (pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type)):
+        return False
+    item = arrow_type.value_type
+    if not pa.types.is_struct(item):
+        return False
+    names = {item.field(i).name: item.field(i).type for i in range(item.num_fields)}
+    return all(k in names and type_ok(names[k], TEXT) for k in ("role", "content"))
+
+
+def type_name(expected: str) -> str:
+    return "string" if expected == TEXT else "list<struct<role: string, content: string>>"
+
+
+# ---------------------------------------------------------------------------------------------------- answers
+
+_CALC = re.compile(r"<<[^>]*>>")
+
+
+def gsm8k_gold(answer: str) -> str:
+    """The final answer after `####` (commas dropped: `1,200` -> `1200`)."""
+    if "####" not in answer:
+        raise RowError("answer", "has no '#### <final answer>' line")
+    gold = answer.rsplit("####", 1)[1].strip().replace(",", "")
+    if not gold:
+        raise RowError("answer", "is empty after '####'")
+    return gold
+
+
+def gsm8k_solution(answer: str) -> str:
+    gold = gsm8k_gold(answer)
+    work = _CALC.sub("", answer.rsplit("####", 1)[0]).strip()
+    return (work + "\n" if work else "") + f"The answer is \\boxed{{{gold}}}."
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last `\\boxed{...}` (braces balanced), or None."""
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return None
+    depth, i = 1, start + len("\\boxed{")
+    for j in range(i, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[j], 0)
+        if depth == 0:
+            return text[i:j].strip()
+    return None
+
+
+def math_gold(solution: str) -> str:
+    gold = last_boxed(solution)
+    if not gold:
+        raise RowError("solution", "has no complete non-empty \\boxed{...} answer")
+    return gold
+
+
+# ---------------------------------------------------------------------------------------------------- mapping
+
+def _messages(field: str, raw: object) -> tuple[Message, ...]:
+    if not isinstance(raw, list):
+        raise RowError(field, f"expected a list of messages, got {type(raw).__name__}")
+    for i, m in enumerate(raw):
+        if not isinstance(m, dict) or m.get("role") is None or m.get("content") is None:
+            raise RowError(f"{field}[{i}]", "expected a message with non-null role and content")
+    return tuple(Message(m["role"], m["content"]) for m in raw)
+
+
+def _user(text: str) -> tuple[Message, ...]:
+    return (Message("user", text),)
+
+
+def _split_argilla(chosen: tuple[Message, ...], rejected: tuple[Message, ...]) -> tuple[tuple[Message, ...], str, str]:
+    """Argilla-style pairs repeat the prompt in both lists; the prompt is everything before the last turn."""
+    if len(chosen) < 2 or len(rejected) < 2:
+        raise RowError("chosen", "expected a prompt and an assistant reply in both chosen and rejected")
+    if chosen[:-1] != rejected[:-1]:
+        raise RowError("rejected", "its prompt turns differ from chosen's")
+    if chosen[-1].role != "assistant" or rejected[-1].role != "assistant":
+        raise RowError("chosen", "the last turn of chosen and rejected must be an assistant reply")
+    return chosen[:-1], chosen[-1].content, rejected[-1].content
+
+
+def make_record(fmt: str, kind: str, row: dict, rid: str, group: str) -> Record:
+    """One record from one row (logical column names), or `RowError` naming the logical column."""
+    for col, expected in FORMATS[fmt].columns.items():
+        if row.get(col) is None:
+            raise RowError(col, "is null")
+        if expected == TEXT and not row[col].strip():
+            raise RowError(col, "is empty")  # named here, as the file's column, not as a record field
+    if fmt == "messages":
+        return Conversation(rid, _messages("messages", row["messages"]), group)
+    if fmt == "prompt_response":
+        return Conversation(rid, (Message("user", row["prompt"]), Message("assistant", row["response"])), group)
+    if fmt == "argilla":
+        prompt, chosen, rejected = _split_argilla(_messages("chosen", row["chosen"]),
+                                                  _messages("rejected", row["rejected"]))
+        return PreferencePair(rid, prompt, chosen, rejected, group)
+    if fmt == "pair_columns":
+        return PreferencePair(rid, _user(row["prompt"]), row["chosen"], row["rejected"], group)
+    if fmt == "prompt_answer":
+        return OutcomePrompt(rid, _user(row["prompt"]), row["answer"].strip(), group)
+    question, worked, gold_of, solution_of = {
+        "gsm8k": ("question", "answer", gsm8k_gold, gsm8k_solution),
+        "math": ("problem", "solution", math_gold, lambda s: s.strip()),
+    }[fmt]
+    if kind == "prompts":
+        return OutcomePrompt(rid, _user(row[question]), gold_of(row[worked]), group)
+    gold_of(row[worked])  # an SFT target without a final answer teaches nothing checkable: reject it
+    return Conversation(rid, (Message("user", row[question]), Message("assistant", solution_of(row[worked]))), group)
+
+

@@ -10,10 +10,12 @@ must default to None."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import datetime
 import json
 import math
+import os
 import tomllib
 import types
 import typing
@@ -21,7 +23,7 @@ from pathlib import Path
 from typing import Any, Literal, Sequence, TypeVar, Union
 
 from align.exceptions import ConfigError
-from align.utils.fsio import sha256_bytes
+from align.utils.fsio import atomic_write_text, sha256_bytes
 
 T = TypeVar("T")
 INCLUDE_KEY = "include"
@@ -308,3 +310,30 @@ def _value(value: Any) -> str:
 
 def config_digest(cfg: Any) -> str:
     return sha256_bytes(to_toml(cfg).encode("utf-8"))
+
+
+# ---------------------------------------------------------------------------------------------------- workers
+
+RESOLVED_CONFIG = "resolved_config.toml"
+RUN_DIR_ENV = "ALIGN_RUN_DIR"
+
+
+def load_cli_config(cls: type[T], argv: Sequence[str] | None = None, prog: str | None = None) -> T:
+    """A stage worker's command line: `--config FILE [table.key=value ...]` -> a validated `cls`."""
+    parser = argparse.ArgumentParser(prog=prog, description=f"{cls.__name__} from TOML plus overrides")
+    parser.add_argument("--config", required=True, help="stage config TOML")
+    parser.add_argument("overrides", nargs="*", help="table.key=value, typed by the field")
+    ns = parser.parse_args(argv)
+    return load_config(ns.config, cls, ns.overrides)
+
+
+def run_dir_from_env(fallback: str | Path) -> Path:
+    """The stage's run directory: `$ALIGN_RUN_DIR` under the pipeline's launcher, else `fallback`."""
+    return Path(os.environ.get(RUN_DIR_ENV) or fallback)
+
+
+def write_resolved_config(cfg: Any, run_dir: str | Path) -> Path:
+    """`<run_dir>/resolved_config.toml`, atomically: the config the worker really ran with, defaults included."""
+    path = Path(run_dir) / RESOLVED_CONFIG
+    atomic_write_text(path, to_toml(cfg))
+    return path

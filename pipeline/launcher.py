@@ -27,10 +27,10 @@ from align.exit_codes import BAD_INPUT
 from align.utils.fsio import sha256_bytes
 from align.profile import CommonConfig
 from align.utils.guard import HeavyJobLock, preflight, resolve_lock_path
-from align.utils.supervisor import supervise
+from align.utils.supervisor import SupervisedResult, supervise
 from pipeline import exitcode
 from pipeline.hashing import code_digest, config_text, module_file
-from pipeline.layout import Project, StageCtx
+from pipeline.layout import Project, StageCtx, relative_to_root
 from pipeline.receipts import read_metrics, write_receipt
 from pipeline.stage import StageSpec
 
@@ -76,7 +76,7 @@ def plan(spec: StageSpec, ctx: StageCtx, project: Project, common: CommonConfig 
         problem = problem or str(exc)
     if spec.worker.split(".")[0] in project.packages and module_file(project.root, spec.worker) is None:
         problem = problem or f"stage {ctx.task}: worker module {spec.worker} not found under {project.root}"
-    argv = [project.python, "-m", spec.worker, "--config", str(config_path), *spec.args(ctx)]
+    argv = [project.python, "-m", spec.worker, "--config", relative_to_root(config_path, project.root), *spec.args(ctx)]
     world = common.run.world_size if common is not None else 1
     if spec.distributed and world > 1:
         argv = [project.python, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
@@ -104,19 +104,21 @@ def execute(launch: Launch) -> TaskFailed | None:
     lock = None
     try:
         if launch.heavy:
-            lock = HeavyJobLock(resolve_lock_path(launch.common.lock),
+            lock = HeavyJobLock(launch.root / resolve_lock_path(launch.common.lock),
                                 command=f"align {launch.task} (profile {launch.profile}) pid {os.getpid()}")
             lock.acquire()
             preflight(launch.common.preflight, launch.run_dir)
         t0 = time.monotonic()
-        code, reason = _run_worker(launch, lock)
+        result = _run_worker(launch, lock)
     except ExitCodeError as exc:
         return _fail(exc.exit_code, f"{launch.task}: {exc}")
     finally:
         if lock is not None:
             lock.release()
-    if code != 0:
-        return _fail(code, f"{launch.task}: worker exited {code} ({reason}); log: {launch.log}")
+    if result.exit_code != 0:
+        said = result.last_line.removeprefix("align: ")
+        return _fail(result.exit_code, f"{launch.task}: worker exited {result.exit_code}: {said} "
+                                       f"[{result.reason}; log {relative_to_root(launch.log, launch.root)}]")
     missing = [str(p) for p in launch.targets if not p.is_file()]
     if missing:
         return _fail(1, f"{launch.task}: worker exited 0 but did not publish {', '.join(missing)}")
@@ -134,7 +136,7 @@ def _resolved_config(launch: Launch) -> str:
     return resolved.read_text() if resolved.is_file() else launch.config
 
 
-def _run_worker(launch: Launch, lock: HeavyJobLock | None) -> tuple[int, str]:
+def _run_worker(launch: Launch, lock: HeavyJobLock | None) -> SupervisedResult:
     env = dict(os.environ, ALIGN_PROFILE=launch.profile, ALIGN_RUN_DIR=str(launch.run_dir),
                ALIGN_RUNS_DIR=str(launch.runs), ALIGN_ROOT=str(launch.root),
                PYTHONUNBUFFERED="1",
@@ -145,7 +147,7 @@ def _run_worker(launch: Launch, lock: HeavyJobLock | None) -> tuple[int, str]:
         result = supervise(launch.argv, launch.run_dir, config=common.supervisor, env=env, cwd=launch.root,
                            log=log, echo=_stdout_sink(), preflight=check,
                            pass_fds=(lock.fileno(),) if lock is not None else ())
-    return result.exit_code, result.reason
+    return result
 
 
 class _TextSink:

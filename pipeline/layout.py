@@ -15,6 +15,15 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
+def relative_to_root(path: str | Path, root: Path) -> str:
+    """`path` relative to the project root when inside it. Workers run in the root, and relative paths keep a task's
+    identity and its receipts the same when the checkout moves."""
+    try:
+        return Path(path).resolve().relative_to(root.resolve()).as_posix()
+    except ValueError:
+        return str(path)
+
+
 @dataclass(frozen=True)
 class Project:
     """A tree that holds configs/ and runs/, the packages whose code digests count, and the Python to launch."""

@@ -11,19 +11,13 @@ from pathlib import Path
 from typing import Iterable
 
 from align.utils.fsio import atomic_write_json, sha256_file
+from pipeline.layout import relative_to_root
 
 METRICS_FILE = "metrics.json"  # a worker may publish `<run_dir>/metrics.json`; it lands in the receipt's metrics
 
 
 def hash_paths(paths: Iterable[Path], root: Path) -> dict[str, str]:
-    return {_rel(p, root): sha256_file(p) for p in paths}
-
-
-def _rel(path: Path, root: Path) -> str:
-    try:
-        return Path(path).resolve().relative_to(root.resolve()).as_posix()
-    except ValueError:
-        return str(path)
+    return {relative_to_root(p, root): sha256_file(p) for p in paths}
 
 
 def read_metrics(run_dir: Path) -> dict:

@@ -3,7 +3,8 @@
 Stdlib only (the pipeline's launcher runs it in doit's process, which never imports torch).
 
 Relaunch iff all hold (seed 000, "Control plane"):
-  - the attempt exited non-zero and not with a HALT code (80/81/82: verdicts about the run, not the host), nor 83;
+  - the attempt exited non-zero and not with a HALT code (80/81/82: verdicts about the run, not the host), nor 83
+    (refused) nor 2 (bad input: a relaunch reads the same input);
   - no HALT.json was written during the attempt (torchrun collapses every worker failure to exit 1, so the marker
     is the verdict whatever the exit code says);
   - retries are left (default 2);
@@ -30,7 +31,7 @@ from pathlib import Path
 from typing import BinaryIO, Callable, Sequence
 
 from align.exceptions import ArtifactError, ExitCodeError
-from align.exit_codes import HALT_CODES, HALT_MARKER, PREFLIGHT_REFUSED, read_halt_marker
+from align.exit_codes import BAD_INPUT, HALT_CODES, HALT_MARKER, NAMES, PREFLIGHT_REFUSED, read_halt_marker
 from align.utils.manifest import read_manifest
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -64,6 +65,7 @@ class SupervisedResult:
     exit_code: int
     reason: str  # why the supervisor stopped launching
     attempts: list[Attempt] = field(default_factory=list)
+    last_line: str = ""  # the last line the final attempt printed (a failing worker's one-line reason)
 
 
 # ---------------------------------------------------------------------------------------------------- progress
@@ -114,8 +116,8 @@ def stop_reason(code: int, halt: dict | None, retries_left: int, progressed: boo
         return "finished"
     if interrupted:
         return f"supervisor was signalled; worker exited {code}"
-    if code in HALT_CODES or code == PREFLIGHT_REFUSED:
-        return f"exit {code} is a verdict, not relaunched"
+    if code in HALT_CODES or code in (PREFLIGHT_REFUSED, BAD_INPUT):
+        return f"exit {code} ({NAMES[code]}) is a verdict, not relaunched"
     if halt is not None:
         return f"HALT.json written during the attempt (exit {halt.get('exit_code')}: {halt.get('reason')})"
     if retries_left <= 0:
@@ -161,11 +163,25 @@ def kill_group(pgid: int, grace_s: float, empty_timeout_s: float) -> None:
     raise RuntimeError(f"process group {pgid} still has live members {group_members(pgid)} after SIGKILL")
 
 
-def _tee(src: BinaryIO, sinks: Sequence[BinaryIO]) -> None:
-    while chunk := os.read(src.fileno(), 1 << 16):
-        for sink in sinks:
-            sink.write(chunk)
-            sink.flush()
+class _Tee:
+    """Copies the child's output to every sink and keeps its tail, whose last line is the worker's one-line reason
+    when it fails (run_with_exit_codes prints it last)."""
+
+    def __init__(self, src: BinaryIO, sinks: Sequence[BinaryIO]):
+        self.src, self.sinks, self.tail = src, sinks, b""
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while chunk := os.read(self.src.fileno(), 1 << 16):
+            self.tail = (self.tail + chunk)[-4096:]
+            for sink in self.sinks:
+                sink.write(chunk)
+                sink.flush()
+
+    def last_line(self) -> str:
+        lines = [ln.strip() for ln in self.tail.decode("utf-8", "replace").splitlines() if ln.strip()]
+        return lines[-1] if lines else ""
 
 
 class _Forwarder:
@@ -199,22 +215,22 @@ class _Forwarder:
 # ---------------------------------------------------------------------------------------------------- supervise
 
 def run_attempt(argv: Sequence[str], *, env: dict | None, cwd: str | os.PathLike | None, sinks: Sequence[BinaryIO],
-                pass_fds: Sequence[int], forwarder: _Forwarder, config: SupervisorConfig) -> int:
-    """One launch: own process group, output teed to `sinks`, group emptied before returning the exit code."""
+                pass_fds: Sequence[int], forwarder: _Forwarder, config: SupervisorConfig) -> tuple[int, str]:
+    """One launch: own process group, output teed to `sinks`, group emptied before returning
+    (exit code, last output line)."""
     proc = subprocess.Popen(list(argv), env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, start_new_session=True, pass_fds=tuple(pass_fds))
     forwarder.pgid = proc.pid
-    reader = threading.Thread(target=_tee, args=(proc.stdout, sinks), daemon=True)
-    reader.start()
+    tee = _Tee(proc.stdout, sinks)
     try:
         code = proc.wait()
     finally:
         # A crashed launcher (torchrun) can leave workers behind; they would hold the pipe, the lock, the run dir.
         kill_group(proc.pid, config.kill_grace_s, config.empty_timeout_s)
         forwarder.pgid = None
-        reader.join(timeout=5)
+        tee.thread.join(timeout=5)
         proc.stdout.close()
-    return 128 - code if code < 0 else code  # killed by a signal: the shell's 128+signum
+    return (128 - code if code < 0 else code), tee.last_line()  # killed by a signal: the shell's 128+signum
 
 
 def supervise(argv: Sequence[str], run_dir: str | os.PathLike, *, config: SupervisorConfig = SupervisorConfig(),
@@ -232,7 +248,7 @@ def supervise(argv: Sequence[str], run_dir: str | os.PathLike, *, config: Superv
             number = len(attempts) + 1
             say(f"supervisor: attempt {number}: {' '.join(argv)}")
             before, t0, wall0 = progress_mark(run_dir), time.monotonic(), time.time()
-            code = run_attempt(argv, env=env, cwd=cwd, sinks=sinks, pass_fds=pass_fds, forwarder=forwarder,
+            code, last_line = run_attempt(argv, env=env, cwd=cwd, sinks=sinks, pass_fds=pass_fds, forwarder=forwarder,
                                config=config)
             halt = fresh_halt(run_dir, wall0)
             attempt = Attempt(number, code, time.monotonic() - t0, made_progress(before, progress_mark(run_dir)),
@@ -248,7 +264,7 @@ def supervise(argv: Sequence[str], run_dir: str | os.PathLike, *, config: Superv
                 final = halt["exit_code"] if halt is not None and code not in HALT_CODES and code != 0 else code
                 if code != 0:
                     say(f"supervisor: stop: {reason}")
-                return SupervisedResult(int(final), reason, attempts)
+                return SupervisedResult(int(final), reason, attempts, last_line)
 
 
 def _refused_by_preflight(preflight: Callable[[], object] | None) -> str | None:

@@ -1,0 +1,176 @@
+"""The ladder frame, proven on a two-stage toy ladder in a temporary project with the real doit, launcher,
+supervisor and subprocess workers: reruns follow content (data, config values, code), never mtimes; failures and
+refusals leave nothing registered and exit with the worker's code."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from toy import calls, doit, make_toy, ran, write
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """A toy project after its first full build (shared by the read-only checks below)."""
+    root = make_toy(tmp_path_factory.mktemp("toy"))
+    res = doit(root)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return root
+
+
+@pytest.fixture
+def toy(tmp_path):
+    root = make_toy(tmp_path)
+    res = doit(root)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert calls(root) == ["ingest", "shards"]
+    return root
+
+
+def test_list_shows_ladder_in_order_with_docs(built):
+    res = doit(built, "list")
+    lines = res.stdout.splitlines()
+    assert [line.split()[0] for line in lines] == ["ingest", "shards", "smoke"]
+    assert "upper-case the input text" in lines[0] and "count the characters" in lines[1]
+
+
+def test_receipts_follow_the_contract(built):
+    receipt = json.loads((built / "runs/toy/receipts/shards.json").read_text())
+    assert set(receipt) >= {"task", "profile", "inputs", "outputs", "code_digest", "config_digest", "metrics",
+                            "wall_s", "finished"}
+    assert receipt["task"] == "shards" and receipt["profile"] == "toy"
+    assert list(receipt["inputs"]) == ["runs/toy/ingest/out/manifest.json"]
+    assert list(receipt["outputs"]) == ["runs/toy/shards/out/manifest.json"]
+    assert receipt["metrics"] == {"chars": 3}  # "12#": the worker's metrics.json lands in the receipt
+    assert 'suffix = "#"' in receipt["config"] and "sleep_s = 0.0" in receipt["config"]  # worker's resolved config
+    log = (built / "runs/toy/shards/worker.log").read_text()
+    assert "supervisor: attempt 1" in log
+
+
+def test_nothing_reruns_when_up_to_date_or_only_mtimes_change(toy):
+    before = calls(toy)
+    future = time.time() + 100
+    for rel in ("data/in.txt", "configs/toy/ingest.toml", "configs/toy/shards.toml", "toyalign/shout.py",
+                "runs/toy/ingest/out/manifest.json"):
+        os.utime(toy / rel, (future, future))
+    res = doit(toy)
+    assert res.returncode == 0 and ran(toy, before) == []
+    assert "-- ingest" in res.stdout and "-- shards" in res.stdout
+
+
+def test_upstream_data_change_reruns_downstream(toy):
+    before = calls(toy)
+    write(toy, "data/in.txt", "hello longer ladder")
+    assert doit(toy).returncode == 0
+    assert ran(toy, before) == ["ingest", "shards"]
+    assert (toy / "runs/toy/shards/out/data.txt").read_text() == "20#"
+
+
+def test_config_value_reruns_only_its_stage_and_comments_rerun_nothing(toy):
+    before = calls(toy)
+    write(toy, "configs/toy/shards.toml", "# edited comment\n[job]\nsuffix = '#'\n")
+    assert doit(toy).returncode == 0 and ran(toy, before) == []
+    write(toy, "configs/toy/shards.toml", "[job]\nsuffix = '%'\n")
+    assert doit(toy).returncode == 0 and ran(toy, before) == ["shards"]
+    # an included file is part of the config too
+    before = calls(toy)
+    write(toy, "configs/toy/job.toml", "[job]\nsuffix = '?'\n")
+    assert doit(toy).returncode == 0 and ran(toy, before) == ["ingest", "shards"]
+
+
+def test_worker_code_change_reruns_that_stage_and_what_follows(toy):
+    before = calls(toy)
+    write(toy, "toyalign/tally.py", "def tally(text, job):\n    return f'{len(text)} chars{job.suffix}'\n")
+    assert doit(toy).returncode == 0 and ran(toy, before) == ["shards"]  # ingest's closure lacks tally.py
+    before = calls(toy)
+    write(toy, "toyalign/shout.py", "def shout(text, job):\n    return text.upper() + job.suffix * 2\n")
+    assert doit(toy).returncode == 0 and ran(toy, before) == ["ingest", "shards"]
+
+
+def test_worker_failure_registers_nothing_and_exits_nonzero(toy):
+    write(toy, "configs/toy/ingest.toml", "include = 'job.toml'\n[job]\nfail = true\n")
+    before = calls(toy)
+    res = doit(toy)
+    assert res.returncode == 1 and ran(toy, before) == ["ingest"]  # no progress: not relaunched; shards not run
+    assert "worker exited 1" in res.stderr
+    assert not (toy / "runs/toy/receipts/ingest.json").exists()
+    status = doit(toy, "list", "--status").stdout
+    assert "R ingest" in status and "U shards" in status  # shards' input (the old ingest manifest) is unchanged
+
+
+def test_worker_killed_mid_write_leaves_no_target_registered(toy):
+    write(toy, "data/in.txt", "changed input")
+    write(toy, "configs/toy/ingest.toml", "include = 'job.toml'\n[job]\nsleep_s = 60.0\n")
+    proc = subprocess.Popen([sys.executable, "-m", "doit", "-f", str(toy / "dodo.py"), "profile=toy"], cwd=toy,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    marker = toy / "runs/toy/ingest/WRITING"
+    deadline = time.monotonic() + 60
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert marker.exists()
+    os.kill(int(marker.read_text()), signal.SIGKILL)  # the worker dies with its staging directory half-written
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 137, out + err  # the worker's own status (128 + SIGKILL)
+    assert (toy / "runs/toy/ingest/out/data.txt").read_text() == "HELLO LADDER!"  # old artifact untouched
+    assert list((toy / "runs/toy/ingest").glob("out.partial-*"))  # the half-written staging dir, never published
+    assert not (toy / "runs/toy/receipts/ingest.json").exists()
+    status = doit(toy, "list", "--status").stdout
+    assert "R ingest" in status and "U shards" in status  # shards' input (the old ingest manifest) is unchanged
+    write(toy, "configs/toy/ingest.toml", "include = 'job.toml'\n")
+    before = calls(toy)
+    assert doit(toy).returncode == 0 and ran(toy, before) == ["ingest", "shards"]
+    assert not list((toy / "runs/toy/ingest").glob("out.partial-*"))
+
+
+def test_held_lock_refuses_heavy_stage_with_83(toy):
+    from align.utils.guard import HeavyJobLock
+
+    write(toy, "configs/toy/shards.toml", "[job]\nsuffix = '+'\n")
+    with HeavyJobLock(toy / "heavy.lock", command="someone else's training run"):
+        before = calls(toy)
+        res = doit(toy)
+    assert res.returncode == 83, res.stdout + res.stderr
+    line = [ln for ln in res.stderr.splitlines() if ln.startswith("align:")]
+    assert len(line) == 1 and f"pid {os.getpid()}" in line[0] and "someone else's training run" in line[0]
+    assert "Traceback" not in res.stderr and ran(toy, before) == []
+    assert doit(toy).returncode == 0 and ran(toy, before) == ["shards"]
+
+
+def test_preflight_refusal_is_83(toy):
+    write(toy, "configs/toy/common.toml", "[preflight]\nmin_free_disk_gib = 1e12\n[lock]\npath = 'heavy.lock'\n")
+    write(toy, "configs/toy/shards.toml", "[job]\nsuffix = '+'\n")
+    res = doit(toy)
+    assert res.returncode == 83 and "free disk" in res.stderr and "Traceback" not in res.stderr
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("[job]\nsufix = '#'\n", "unknown key 'sufix'"),
+    ("[job\nsuffix = 1\n", "malformed TOML"),
+    ("[job]\nsleep_s = 'long'\n", "job.sleep_s: expected float"),
+])
+def test_bad_config_is_one_line_and_exit_2(tmp_path, text, expected):
+    root = make_toy(tmp_path)
+    write(root, "configs/toy/ingest.toml", text)
+    res = doit(root, "ingest")
+    assert res.returncode == 2, res.stdout + res.stderr
+    lines = [ln for ln in res.stderr.splitlines() if ln.startswith("align:")]
+    assert len(lines) == 1 and expected in lines[0] and "configs/toy/ingest.toml" in lines[0]
+    assert "Traceback" not in res.stderr and calls(root) == []
+
+
+def test_unknown_profile_and_missing_config(tmp_path):
+    root = make_toy(tmp_path)
+    res = subprocess.run([sys.executable, "-m", "doit", "-f", str(root / "dodo.py"), "profile=nope", "list"],
+                         cwd=root, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 3 and "unknown profile 'nope'" in res.stderr and "known profiles: toy" in res.stderr
+    assert "Traceback" not in res.stderr
+    (root / "configs/toy/shards.toml").unlink()
+    res = doit(root)
+    assert res.returncode == 2 and "config file not found" in res.stderr and calls(root) == ["ingest"]

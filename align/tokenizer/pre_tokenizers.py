@@ -144,9 +144,11 @@ def _byte_level(spec: dict) -> PreTokenizer:
     table = _LATIN1_TO_ALPHABET
 
     def run(text: str) -> list[str]:
+        if not text:
+            return []
         if add_prefix_space and not text.startswith(" "):
             text = " " + text
-        words = split_text(text, regex, _isolated, False) if regex is not None else ([text] if text else [])
+        words = split_text(text, regex, _isolated, False) if regex is not None else [text]
         return [w.encode("utf-8").decode("latin-1").translate(table) for w in words]
 
     return run

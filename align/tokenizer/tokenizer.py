@@ -134,6 +134,13 @@ class Tokenizer:
                 ids.extend(tokenize(word))
         return ids
 
+    def pre_tokenize(self, text: str) -> list[str]:
+        """The words BPE sees for a text holding no added token: normalized, then pre-tokenized (for debugging
+        and for the pre-tokenizer parity test)."""
+        if self._normalize is not None:
+            text = self._normalize(text)
+        return self._pre_tokenize(text) if self._pre_tokenize is not None else ([text] if text else [])
+
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
         table = self._id_to_token
         tokens = []

@@ -88,6 +88,12 @@ def test_parse_special_matches_tokenizers(ours, hf):
     assert not bad, bad[:3]
 
 
+def test_normalizer_and_pre_tokenizer_match_tokenizers(ours, hf):
+    for text in CORPUS:
+        normalized = hf.normalizer.normalize_str(text)
+        assert ours.pre_tokenize(text) == [p for p, _ in hf.pre_tokenizer.pre_tokenize_str(normalized)], text[:60]
+
+
 def test_plain_mode_never_yields_a_control_id(ours):
     for text in CORPUS:
         assert not any(ours.is_special(i) for i in ours.encode(text)), text[:60]

@@ -49,8 +49,12 @@ class _ChunkedTokenLogprob(torch.autograd.Function):
         for start in range(0, n, chunk_size):
             stop = min(start + chunk_size, n)
             logits = (hidden[start:stop] @ weight.t()).to(acc)  # (c, V)
-            lse[start:stop] = torch.logsumexp(logits, dim=-1)
-            logp[start:stop] = logits.gather(1, targets[start:stop, None]).squeeze(1) - lse[start:stop]
+            target_logit = logits.gather(1, targets[start:stop, None]).squeeze(1)
+            # logsumexp in place (torch.logsumexp allocates a second (c, V) buffer)
+            peak = logits.amax(dim=-1)
+            chunk_lse = logits.sub_(peak[:, None]).exp_().sum(dim=-1).log_().add_(peak)
+            lse[start:stop] = chunk_lse
+            logp[start:stop] = target_logit - chunk_lse
         ctx.save_for_backward(hidden, weight, targets, lse)
         ctx.chunk_size = chunk_size
         return logp

@@ -38,6 +38,7 @@ class DpoLossConfig:
     label_smoothing: float = 0.0  # eps: assumed probability that a pair's preference label is flipped (cDPO)
     dpop_lambda: float = 0.0  # lambda: weight of the DPOP penalty on a chosen log-prob falling below the reference's
     nll_alpha: float = 0.0  # alpha: weight of the NLL on the chosen completion (token mean over the batch)
+    chunk_size: int = 1024  # completion tokens per logits chunk in the fused head (memory: chunk x vocab x 4 B)
 
     def __post_init__(self):
         if not self.beta > 0:
@@ -46,6 +47,8 @@ class DpoLossConfig:
             raise ValueError(f"label_smoothing must lie in [0, 0.5), got {self.label_smoothing}")
         if self.dpop_lambda < 0 or self.nll_alpha < 0:
             raise ValueError(f"dpop_lambda and nll_alpha must be >= 0, got {self.dpop_lambda}, {self.nll_alpha}")
+        if self.chunk_size < 1:
+            raise ValueError(f"chunk_size must be >= 1, got {self.chunk_size}")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,58 @@
+"""Math answer verification: exact, bounded, pure stdlib. See docs/ARCHITECTURE.md (## verify).
+
+    are_equivalent(gold, pred) -> True | False | None   (None: the gold itself cannot be read)
+    is_readable(answer) -> bool
+    extract_answer(response, fallback=False) -> str | None
+"""
+
+from __future__ import annotations
+
+from align.verify.answer import make_budget, read_answer, unbox
+from align.verify.config import DEFAULT_CONFIG, VerifyConfig
+from align.verify.equiv import values_equal
+from align.verify.extract import Extraction, extract
+from align.verify.limits import Unreadable
+
+__all__ = ["VerifyConfig", "DEFAULT_CONFIG", "Unreadable", "Extraction", "are_equivalent", "is_readable",
+           "extract_answer", "extract", "read_answer", "compare", "why_unreadable"]
+
+
+def compare(gold: str, pred: str, config: VerifyConfig = DEFAULT_CONFIG) -> tuple[bool | None, str]:
+    """(verdict, reason): verdict None when the gold is unreadable, False when the prediction is; reason says why."""
+    try:
+        g = read_answer(unbox(gold), config)
+    except Unreadable as e:
+        return None, f"gold unreadable ({e})"
+    try:
+        p = read_answer(unbox(pred), config)
+    except Unreadable as e:
+        return False, f"prediction unreadable ({e})"
+    try:
+        same = values_equal(g, p, config, make_budget(config))
+    except Unreadable as e:  # the comparison itself went over budget (huge cross-multiplication)
+        return False, f"comparison refused ({e})"
+    return same, "equal" if same else "different"
+
+
+def are_equivalent(gold: str, pred: str, config: VerifyConfig = DEFAULT_CONFIG) -> bool | None:
+    """Does answer `pred` match answer `gold`? None when `gold` cannot be read (no reward, never 1)."""
+    return compare(gold, pred, config)[0]
+
+
+def why_unreadable(text: str, config: VerifyConfig = DEFAULT_CONFIG) -> str | None:
+    """None when this answer string (or boxed answer) can be checked, else the reason it cannot."""
+    try:
+        read_answer(unbox(text), config)
+        return None
+    except Unreadable as e:
+        return str(e)
+
+
+def is_readable(text: str, config: VerifyConfig = DEFAULT_CONFIG) -> bool:
+    """Can this answer string (or a boxed answer) be checked at all?"""
+    return why_unreadable(text, config) is None
+
+
+def extract_answer(response: str, fallback: bool = False, config: VerifyConfig = DEFAULT_CONFIG) -> str | None:
+    """The text of the response's final answer (adjacent boxes joined as a set), or None when there is none."""
+    return extract(response, config.max_response_chars, fallback).answer

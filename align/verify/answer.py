@@ -1,0 +1,83 @@
+"""One answer string -> one Value: clean, tokenise, parse, with every bound of VerifyConfig applied.
+
+Results are memoised (a GRPO group scores many responses against one gold, and short answers repeat); Values are
+never mutated after construction, so sharing them is safe.
+"""
+
+from __future__ import annotations
+
+import re
+from fractions import Fraction
+from functools import lru_cache
+
+from align.verify import algebra as A
+from align.verify.config import VerifyConfig
+from align.verify.expr import Parser, as_scalar
+from align.verify.extract import find_boxes, final_group
+from align.verify.lexer import END, tokenize
+from align.verify.limits import Budget, OverBudget, Unreadable
+from align.verify.normalize import clean
+from align.verify.values import Percent, Text, Value
+
+_PLAIN_NUMBER = re.compile(r"-?[0-9]{1,40}(?:\.[0-9]{1,40})?")
+_WORDS = re.compile(r"[a-zA-Z][a-zA-Z ]*")
+_TEXT_ONLY = re.compile(r"\\text\{([^{}]*)\}")
+_LONG_WORD = re.compile(r"[a-zA-Z]{3,}")
+
+
+def make_budget(cfg: VerifyConfig) -> Budget:
+    return Budget(cfg.max_steps, cfg.max_bits, cfg.max_terms, cfg.max_radicand, cfg.max_digits)
+
+
+def unbox(text: str) -> str:
+    """An answer given with its box (`\\boxed{5}`) is its box's content; adjacent boxes form a set."""
+    if "box" not in text:
+        return text
+    boxes = find_boxes(text)
+    if not boxes:
+        return text
+    contents = [b.content or "" for b in final_group(text, boxes)]
+    return contents[0] if len(contents) == 1 else "\\{" + ", ".join(contents) + "\\}"
+
+
+def _parse(s: str, cfg: VerifyConfig) -> Value:
+    if _PLAIN_NUMBER.fullmatch(s):  # fast path: most gold and predicted answers are plain numbers
+        q = Fraction(s)
+        return A.Scalar({A.ONE_MONO: q} if q else {}, None, s if "." in s else None)
+    text_only = _TEXT_ONLY.fullmatch(s)
+    if text_only:
+        return Text(" ".join(text_only.group(1).split()))
+    if _WORDS.fullmatch(s) and _LONG_WORD.search(s):
+        return Text(" ".join(s.lower().split()))
+    budget = make_budget(cfg)
+    tokens = tokenize(s, budget)
+    percent = len(tokens) >= 2 and tokens[-2].kind == "op" and tokens[-2].text == "%"
+    if percent:
+        tokens = tokens[:-2] + [END]
+    value = Parser(tokens, budget, cfg.max_depth).parse()
+    return Percent(as_scalar(value)) if percent else value
+
+
+@lru_cache(maxsize=16_384)
+def _read_cached(text: str, cfg: VerifyConfig) -> tuple[Value | None, str]:
+    try:
+        if len(text) > cfg.max_answer_chars:
+            raise OverBudget(f"answer over {cfg.max_answer_chars} characters")
+        s = clean(unbox(text))
+        if not s:
+            raise Unreadable("empty answer")
+        return _parse(s, cfg), ""
+    except Unreadable as e:
+        return None, f"{type(e).__name__}: {e}"
+    except RecursionError:  # NOTE: only reachable if the caller's own stack is already deep; depth is capped.
+        return None, "OverBudget: recursion"
+    except (ArithmeticError, ValueError) as e:  # e.g. a float overflow in a bound check: unreadable, not a crash
+        return None, f"{type(e).__name__}: {e}"
+
+
+def read_answer(text: str, cfg: VerifyConfig) -> Value:
+    """The Value of one answer string; raises Unreadable (with the reason) when it cannot be checked."""
+    value, why = _read_cached(text, cfg)
+    if value is None:
+        raise Unreadable(why)
+    return value

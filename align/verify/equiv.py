@@ -1,0 +1,143 @@
+"""When a predicted Value equals the gold Value.
+
+Exact by default: rational and algebraic values compare exactly, tuples and intervals element-wise (open and
+closed ends distinct), sets and unions order-free. Two documented leniencies:
+
+- Percent (VerifyConfig.percent): gold `25\\%` accepts 25 and 0.25 under "either".
+- Rounded gold (VerifyConfig.rounded_gold_min_sig_digits): a gold written as a decimal with >= 3 significant digits
+  (`0.333`, `3.14`) accepts a prediction whose exact value has no finite decimal expansion of that length (1/3, pi)
+  when that value rounds to the gold at the gold's number of places. The gold was clearly rounded; a prediction
+  that is itself a terminating decimal (3.141) must match exactly.
+
+Not symmetric: the gold decides tolerances. A one-element set equals its element (adjacent identical boxes are one
+answer), an assignment `x = 5` equals 5.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+from align.verify import algebra as A
+from align.verify.algebra import Scalar
+from align.verify.config import VerifyConfig
+from align.verify.limits import Budget
+from align.verify.values import FiniteSet, Infinity, Interval, PairParen, Percent, Relation, Text, Tuple, Union, Value
+
+
+def _non_terminating(v: Scalar) -> bool:
+    """True when v's exact value has no finite decimal expansion (a 2^a 5^b denominator is terminating)."""
+    q = v.rational()
+    if q is None:
+        return True
+    d = q.denominator
+    for p in (2, 5):
+        while d % p == 0:
+            d //= p
+    return d != 1
+
+
+def _rounded_gold_match(gold: Scalar, pred: Scalar, cfg: VerifyConfig) -> bool:
+    lit = gold.lit
+    if lit is None or cfg.rounded_gold_min_sig_digits == 0 or not pred.is_constant() or not _non_terminating(pred):
+        return False
+    digits = lit.lstrip("-").replace(".", "").lstrip("0")
+    if len(digits) < cfg.rounded_gold_min_sig_digits:
+        return False
+    places = len(lit.partition(".")[2])
+    target = Fraction(lit) * 10**places  # an integer
+    q = pred.rational()
+    if q is not None:
+        scaled = q * 10**places
+        return abs(scaled - target) < Fraction(1, 2)  # never exactly 1/2 away: pred does not terminate there
+    value = pred.approx()
+    if value is None or abs(value) * 10**places > 2**50:
+        return False
+    return abs(value * 10**places - float(target)) < 0.5
+
+
+def _scalar_equal(g: Scalar, p: Scalar, cfg: VerifyConfig, lim: Budget) -> bool:
+    return A.equal(g, p, lim) or _rounded_gold_match(g, p, cfg)
+
+
+def _percent_forms(v: Percent, cfg: VerifyConfig, lim: Budget) -> list[Scalar]:
+    as_fraction = A.div(v.value, A.const(100), lim)
+    return {"either": [v.value, as_fraction], "fraction": [as_fraction], "number": [v.value]}[cfg.percent]
+
+
+def _bound_equal(g: object, p: object, cfg: VerifyConfig, lim: Budget) -> bool:
+    if isinstance(g, Infinity) or isinstance(p, Infinity):
+        return isinstance(g, Infinity) and isinstance(p, Infinity) and g.sign == p.sign
+    return values_equal(g, p, cfg, lim)
+
+
+def _interval_like(v: Value) -> Interval | None:
+    if isinstance(v, Interval):
+        return v
+    if isinstance(v, PairParen) and all(isinstance(x, (Scalar, Infinity)) for x in (v.a, v.b)):
+        return Interval(v.a, v.b, False, False)
+    return None
+
+
+def _set_equal(gs: tuple, ps: tuple, cfg: VerifyConfig, lim: Budget) -> bool:
+    lim.spend(len(gs) * len(ps))
+    return (all(any(values_equal(g, p, cfg, lim) for p in ps) for g in gs)
+            and all(any(values_equal(g, p, cfg, lim) for g in gs) for p in ps))
+
+
+def _seq_equal(gs: tuple, ps: tuple, cfg: VerifyConfig, lim: Budget) -> bool:
+    return len(gs) == len(ps) and all(values_equal(g, p, cfg, lim) for g, p in zip(gs, ps))
+
+
+def _structured_equal(g: Value, p: Value, cfg: VerifyConfig, lim: Budget) -> bool:
+    if isinstance(g, (PairParen, Tuple)) and isinstance(p, (PairParen, Tuple)):
+        gi = (g.a, g.b) if isinstance(g, PairParen) else g.items
+        pi = (p.a, p.b) if isinstance(p, PairParen) else p.items
+        return _seq_equal(gi, pi, cfg, lim)
+    if isinstance(g, Union) or isinstance(p, Union):
+        gp = g.parts if isinstance(g, Union) else (g,)
+        pp = p.parts if isinstance(p, Union) else (p,)
+        return _set_equal(gp, pp, cfg, lim)
+    gi, pi = _interval_like(g), _interval_like(p)
+    if gi is not None and pi is not None:
+        return (gi.lo_closed == pi.lo_closed and gi.hi_closed == pi.hi_closed
+                and _bound_equal(gi.lo, pi.lo, cfg, lim) and _bound_equal(gi.hi, pi.hi, cfg, lim))
+    return False
+
+
+def values_equal(g: Value, p: Value, cfg: VerifyConfig, lim: Budget) -> bool:
+    """Does prediction `p` match gold `g`? (Not symmetric: tolerances follow the gold.)"""
+    lim.spend()
+    if isinstance(g, Scalar) and isinstance(p, Scalar):
+        return _scalar_equal(g, p, cfg, lim)
+    if isinstance(g, Relation) and isinstance(p, Relation):  # before sets: `x = \\pm 1` is the set {1, -1}
+        return _relation_equal(g, p, cfg, lim)
+    if isinstance(g, Relation) and g.op == "=" and A.variable_name(g.lhs) is not None:
+        return values_equal(g.rhs, p, cfg, lim)
+    if isinstance(p, Relation) and p.op == "=" and A.variable_name(p.lhs) is not None:
+        return values_equal(g, p.rhs, cfg, lim)
+    if isinstance(g, Percent) or isinstance(p, Percent):
+        if isinstance(g, Percent) and isinstance(p, Percent):
+            return values_equal(g.value, p.value, cfg, lim)
+        if isinstance(g, Percent):
+            return any(values_equal(form, p, cfg, lim) for form in _percent_forms(g, cfg, lim))
+        return any(values_equal(g, form, cfg, lim) for form in _percent_forms(p, cfg, lim))
+    if isinstance(g, FiniteSet) and isinstance(p, FiniteSet):
+        return _set_equal(g.items, p.items, cfg, lim)
+    if isinstance(g, FiniteSet):  # a set whose every element is p: `\{3\}`, or the same box twice
+        return bool(g.items) and all(values_equal(x, p, cfg, lim) for x in g.items)
+    if isinstance(p, FiniteSet):
+        return bool(p.items) and all(values_equal(g, x, cfg, lim) for x in p.items)
+    if isinstance(g, Infinity) and isinstance(p, Infinity):
+        return g.sign == p.sign
+    if isinstance(g, Text) and isinstance(p, Text):
+        return g.text == p.text
+    return _structured_equal(g, p, cfg, lim)
+
+
+def _relation_equal(g: Relation, p: Relation, cfg: VerifyConfig, lim: Budget) -> bool:
+    if g.op != p.op:
+        return False
+    same = values_equal(g.lhs, p.lhs, cfg, lim) and values_equal(g.rhs, p.rhs, cfg, lim)
+    if same or g.op not in ("=", "!="):
+        return same
+    return values_equal(g.lhs, p.rhs, cfg, lim) and values_equal(g.rhs, p.lhs, cfg, lim)

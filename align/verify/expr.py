@@ -1,0 +1,354 @@
+"""A recursive-descent parser that evaluates one answer to an exact Value. Never `eval`, never sympy.
+
+Grammar (loosest first): list `a, b` > `\\cup` > relation `= < \\le \\in` > sum `+ - \\pm` > product `* / \\cdot`
+and juxtaposition > unary sign > power `^` (one level: `2^3^2` is a TeX error, refused) > postfix `! %` > atom.
+Recursion passes through `primary` at every nesting level, which counts depth against VerifyConfig.max_depth, so
+10,000 nested braces end in OverBudget, not RecursionError. Every token taken pays one step into the Budget.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+from align.verify import algebra as A
+from align.verify import functions as F
+from align.verify.algebra import Scalar
+from align.verify.lexer import Token
+from align.verify.limits import Budget, OverBudget, Unsupported
+from align.verify.structures import bracket_value, relation_value, union_value
+from align.verify.values import FiniteSet, Infinity, Tuple, Value
+
+PI = A.symbol("pi")
+GREEK = frozenset("\\" + g for g in (
+    "alpha beta gamma delta epsilon varepsilon zeta eta theta vartheta iota kappa lambda mu nu xi omicron rho "
+    "sigma tau upsilon phi varphi chi psi omega Gamma Delta Theta Lambda Xi Sigma Upsilon Phi Psi Omega").split())
+_RELOPS = {"=": "=", "<": "<", ">": ">", "<=": "<=", ">=": ">=", "!=": "!=", "\\le": "<=", "\\leq": "<=",
+           "\\leqslant": "<=", "\\ge": ">=", "\\geq": ">=", "\\geqslant": ">=", "\\lt": "<", "\\gt": ">",
+           "\\ne": "!=", "\\neq": "!=", "\\in": "in"}
+_TIMES = frozenset({"\\cdot", "\\times", "\\ast"})
+# Commands that may follow a factor with no operator between ("2\\pi", "3\\sqrt{2}", "x\\sin x").
+_IMPLICIT_CMDS = frozenset({"\\pi", "\\sqrt", "\\frac", "\\binom", "\\lfloor", "\\lceil"}) | GREEK | F.FUNCTIONS
+_CLOSERS = {"(": ")", "[": "]", "{": "}"}
+
+
+def as_scalar(v: Value) -> Scalar:
+    if isinstance(v, Scalar):
+        return v
+    raise Unsupported(f"arithmetic on {type(v).__name__}")
+
+
+def literal(text: str, lim: Budget) -> Scalar:
+    """A numeric literal, exactly: "0.1" is 1/10; "1.5e3" is 1500 (exponent size checked before computing)."""
+    mantissa, _, exponent = text.lower().partition("e")
+    value = Fraction(mantissa)
+    if exponent:
+        e = int(exponent)
+        if abs(e) * 10 > lim.max_bits * 3:
+            raise OverBudget("exponent too large")
+        value *= Fraction(10) ** e
+    lit = mantissa if "." in mantissa and not exponent else None
+    return Scalar({A.ONE_MONO: value} if value else {}, None, lit)
+
+
+class Parser:
+    def __init__(self, tokens: list[Token], budget: Budget, max_depth: int) -> None:
+        self.toks = tokens
+        self.i = 0
+        self.b = budget
+        self.depth = 0
+        self.max_depth = max_depth
+
+    # -- token helpers
+    def peek(self) -> Token:
+        return self.toks[self.i]
+
+    def take(self) -> Token:
+        t = self.toks[self.i]
+        if t.kind != "end":
+            self.i += 1
+        self.b.spend()
+        return t
+
+    def is_op(self, text: str) -> bool:
+        t = self.toks[self.i]
+        return t.kind == "op" and t.text == text
+
+    def is_cmd(self, *names: str) -> bool:
+        t = self.toks[self.i]
+        return t.kind == "cmd" and t.text in names
+
+    def expect(self, kind: str, text: str) -> None:
+        t = self.take()
+        if t.kind != kind or t.text != text:
+            raise Unsupported(f"expected {text!r}, found {t.text or 'end of answer'!r}")
+
+    # -- levels, loosest first
+    def parse(self) -> Value:
+        items = self.items()
+        if self.peek().kind != "end":
+            raise Unsupported(f"unexpected {self.peek().text!r}")
+        return items[0] if len(items) == 1 else FiniteSet(tuple(items))
+
+    def items(self) -> list[Value]:
+        out = [self.item()]
+        while self.is_op(","):
+            self.take()
+            out.append(self.item())
+        return out
+
+    def item(self) -> Value:
+        v = self.relation()
+        while self.is_cmd("\\cup"):
+            self.take()
+            v = union_value(v, self.relation())
+        return v
+
+    def relation(self) -> Value:
+        parts, ops = [self.additive()], []
+        while True:
+            t = self.peek()
+            op = _RELOPS.get(t.text) if t.kind in ("op", "cmd") else None
+            if op is None:
+                break
+            self.take()
+            ops.append(op)
+            parts.append(self.additive())
+        return relation_value(parts, ops, self.b) if ops else parts[0]
+
+    def additive(self) -> Value:
+        plus_minus = self.is_cmd("\\pm", "\\mp")
+        if plus_minus:
+            self.take()
+            first = as_scalar(self.term())
+            vals = [first, A.neg(first)]
+        else:
+            vals = [self.term()]
+        while True:
+            t = self.peek()
+            if t.kind == "op" and t.text in "+-":
+                self.take()
+                w = as_scalar(self.term())
+                vals = [A.add(as_scalar(x), w, self.b, 1 if t.text == "+" else -1) for x in vals]
+            elif t.kind == "cmd" and t.text in ("\\pm", "\\mp"):
+                self.take()
+                plus_minus = True
+                w = as_scalar(self.term())
+                vals = [A.add(as_scalar(x), w, self.b, s) for x in vals for s in (1, -1)]
+                if len(vals) > 8:
+                    raise OverBudget("too many \\pm")
+            else:
+                break
+        return FiniteSet(tuple(vals)) if plus_minus else vals[0]
+
+    def term(self) -> Value:
+        v = self.unary()
+        while True:
+            t = self.peek()
+            if (t.kind == "op" and t.text == "*") or (t.kind == "cmd" and t.text in _TIMES):
+                self.take()
+                v = A.mul(as_scalar(v), as_scalar(self.unary()), self.b)
+            elif (t.kind == "op" and t.text == "/") or (t.kind == "cmd" and t.text == "\\div"):
+                self.take()
+                v = A.div(as_scalar(v), as_scalar(self.unary()), self.b)
+            elif t.kind == "id" or (t.kind == "cmd" and t.text in _IMPLICIT_CMDS) or (t.kind == "op" and t.text == "("):
+                v = A.mul(as_scalar(v), as_scalar(self.power()), self.b)
+            elif t.kind == "num":
+                raise Unsupported("two numbers side by side")
+            else:
+                return v
+
+    def unary(self) -> Value:
+        negative = False
+        while self.peek().kind == "op" and self.peek().text in "+-":
+            negative ^= self.take().text == "-"
+        v = self.power()
+        if not negative:
+            return v
+        if isinstance(v, Infinity):
+            return Infinity(-v.sign)
+        return A.neg(as_scalar(v))
+
+    def power(self) -> Value:
+        base = self.postfix()
+        if not self.is_op("^"):
+            return base
+        self.take()
+        negative = False
+        while self.peek().kind == "op" and self.peek().text in "+-":  # "10^-3" as people type it
+            negative ^= self.take().text == "-"
+        exponent = as_scalar(self.primary())
+        if self.is_op("^"):
+            raise Unsupported("double superscript")
+        return A.power(as_scalar(base), A.neg(exponent) if negative else exponent, self.b)
+
+    def postfix(self) -> Value:
+        v = self.primary()
+        while True:
+            if self.is_op("!"):
+                self.take()
+                v = F.factorial(as_scalar(v), self.b)
+            elif self.is_op("%"):
+                self.take()
+                v = A.div(as_scalar(v), A.const(100), self.b)
+            else:
+                return v
+
+    def primary(self) -> Value:
+        self.depth += 1
+        if self.depth > self.max_depth:
+            raise OverBudget(f"nesting deeper than {self.max_depth}")
+        t = self.take()
+        if t.kind == "num":
+            v = self.number(t)
+        elif t.kind == "id":
+            v = A.symbol("v:" + t.text + self.subscript())
+        elif t.kind == "cmd":
+            v = self.command(t.text)
+        elif t.kind == "op" and t.text in _CLOSERS:
+            v = self.group(t.text)
+        elif t.kind == "op" and t.text == "|":
+            v = F.absolute(as_scalar(self.additive()))
+            self.expect("op", "|")
+        else:
+            raise Unsupported(f"unexpected {t.text or 'end of answer'!r}")
+        self.depth -= 1
+        return v
+
+    # -- atoms
+    def number(self, t: Token) -> Scalar:
+        v = literal(t.text, self.b)
+        if not t.text.isdigit():
+            return v
+        j, toks = self.i, self.toks
+        # Mixed numbers: "2\frac{1}{2}" and "2 1/2" are 5/2 (the MATH convention), not 2 * 1/2.
+        if toks[j].kind == "cmd" and toks[j].text == "\\frac":
+            shape = [x.kind + ":" + x.text for x in toks[j + 1:j + 7]]
+            if (len(shape) == 6 and shape[0] == shape[3] == "op:{" and shape[2] == shape[5] == "op:}"
+                    and toks[j + 2].text.isdigit() and toks[j + 5].text.isdigit()):
+                self.i = j + 7
+                return A.add(v, A.const(Fraction(int(toks[j + 2].text), int(toks[j + 5].text))), self.b)
+            if toks[j + 1].kind == "num" and len(toks[j + 1].text) == 2 and toks[j + 1].text.isdigit():
+                self.i = j + 2
+                return A.add(v, A.const(Fraction(int(toks[j + 1].text[0]), int(toks[j + 1].text[1]))), self.b)
+        if (toks[j].kind == "num" and toks[j].space_before and toks[j].text.isdigit()
+                and toks[j + 1].kind == "op" and toks[j + 1].text == "/" and toks[j + 2].kind == "num"
+                and toks[j + 2].text.isdigit() and int(toks[j].text) < int(toks[j + 2].text)):
+            self.i = j + 3
+            return A.add(v, A.const(Fraction(int(toks[j].text), int(toks[j + 2].text))), self.b)
+        return v
+
+    def subscript(self) -> str:
+        if not self.is_op("_"):
+            return ""
+        self.take()
+        t = self.take()
+        if t.kind in ("num", "id"):
+            return "_" + t.text
+        if t.kind == "op" and t.text == "{":
+            parts = []
+            while not self.is_op("}"):
+                inner = self.take()
+                if inner.kind not in ("num", "id", "op") or inner.text in "{}":
+                    raise Unsupported("complex subscript")
+                parts.append(inner.text)
+            self.take()
+            return "_{" + "".join(parts) + "}"
+        raise Unsupported("subscript")
+
+    def group(self, opener: str) -> Value:
+        closer = _CLOSERS[opener]
+        if self.is_op(closer):
+            raise Unsupported(f"empty {opener}{closer}")
+        items = self.items()
+        end = self.take()
+        if end.kind != "op" or end.text not in ")]}":
+            raise Unsupported(f"unclosed {opener!r}")
+        if opener == "{":
+            if end.text != "}":
+                raise Unsupported("'{' closed by " + end.text)
+            return items[0] if len(items) == 1 else FiniteSet(tuple(items))
+        return bracket_value(opener, end.text, items)
+
+    def arg(self) -> Value:
+        """One TeX macro argument: a braced group, or one character/token (`\\frac12` is 1/2)."""
+        t = self.peek()
+        if t.kind == "num" and len(t.text) > 1 and t.text[0].isdigit():
+            self.b.spend()
+            self.toks[self.i] = Token("num", t.text[1:], False)
+            return A.const(int(t.text[0]))
+        if t.kind == "end":
+            raise Unsupported("missing argument")
+        return self.primary()
+
+    def listed(self, closer: str) -> list[Value]:
+        """Items up to the command `closer` (`\\}`, `\\rangle`); may be empty."""
+        if self.is_cmd(closer):
+            self.take()
+            return []
+        out = self.items()
+        self.expect("cmd", closer)
+        return out
+
+    def command(self, name: str) -> Value:
+        b = self.b
+        if name == "\\frac":
+            num = as_scalar(self.arg())
+            return A.div(num, as_scalar(self.arg()), b)
+        if name == "\\sqrt":
+            k = 2
+            if self.is_op("["):
+                self.take()
+                q = as_scalar(self.additive()).rational()
+                self.expect("op", "]")
+                if q is None or q.denominator != 1:
+                    raise Unsupported("root index")
+                k = q.numerator
+            return A.root(as_scalar(self.arg()), k, b)
+        if name == "\\pi":
+            return PI
+        if name in ("\\infty", "\\infinity", "\\inf"):
+            return Infinity(1)
+        if name in GREEK:
+            return A.symbol("v:" + name + self.subscript())
+        if name == "\\binom":
+            n = as_scalar(self.arg())
+            return F.binomial(n, as_scalar(self.arg()), b)
+        if name in F.FUNCTIONS:
+            return self.function(name)
+        if name == "\\{":
+            return FiniteSet(tuple(self.listed("\\}")))
+        if name in ("\\emptyset", "\\varnothing"):
+            return FiniteSet(())
+        if name == "\\langle":
+            return Tuple(tuple(self.listed("\\rangle")))
+        if name in ("\\boxed", "\\fbox"):
+            return self.arg()
+        closers = {"\\lfloor": "\\rfloor", "\\lceil": "\\rceil", "\\lvert": "\\rvert", "\\vert": "\\vert"}
+        if name in closers:
+            v = as_scalar(self.additive())
+            self.expect("cmd", closers[name])
+            if name in ("\\lvert", "\\vert"):
+                return F.absolute(v)
+            return F.rounding(name[2:], v)
+        raise Unsupported(f"command {name}")
+
+    def function(self, name: str) -> Scalar:
+        base = None
+        if name == "\\log" and self.is_op("_"):
+            self.take()
+            base = as_scalar(self.arg())
+        outer = None
+        if self.is_op("^"):  # \sin^2 x
+            self.take()
+            outer = as_scalar(self.primary())
+        t = self.peek()
+        x = as_scalar(self.primary() if t.kind == "op" and t.text in "({" else self.power())
+        if name in F.TRIG:
+            v = F.trig(name, x, self.b)
+        elif name == "\\exp":
+            v = A.power(A.symbol("v:e"), x, self.b)
+        elif name in ("\\log", "\\ln", "\\lg"):
+            v = F.logarithm(base, x, name, self.b)
+        else:
+            v = A.opaque(name[1:], x)
+        return v if outer is None else A.power(v, outer, self.b)

@@ -1,0 +1,107 @@
+"""Finding the final answer in a model response: the last `\\boxed{...}` / `\\fbox{...}` (or `\\boxed 5`), with
+boxes that sit next to it (separated only by commas, "and", "or", spacing, `$`) joined into one set answer.
+
+Brace matching is a loop, not recursion, and each character is visited a bounded number of times: a box's content
+is skipped as a whole once matched, so boxes nested inside it are not counted again. An unclosed box (a response
+cut mid-answer) is unreadable. The optional fallback ("The answer is X", GSM8K "#### X") is off for RL rewards.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import NamedTuple
+
+_BOX = re.compile(r"\\(?:boxed|fbox)(?![a-zA-Z])\s*")
+_BARE_ARG = re.compile(r"[^\s$]+")
+_STRUCTURAL = re.compile(r"\\.|[{}]", re.DOTALL)
+# What may separate two boxes of one answer: "\boxed{1}, \boxed{2}", "$\boxed{3}$ or $\boxed{4}$".
+_SEPARATOR = re.compile(
+    r"(?:\s|[,;&$]|\\[(),;:! ]|\\quad|\\qquad|\\\\|\band\b|\bor\b|\\text\{\s*(?:(?:and|or|,)\s*)?\})*")
+_FALLBACKS = (
+    re.compile(r"(?m)^[ \t]*####[ \t]*([^\n]+)"),
+    re.compile(r"(?i)(?:final answer|the answer)(?: is)?[ \t]*[:=]?[ \t]*([^\n]+)"),
+)
+
+
+class Box(NamedTuple):
+    start: int
+    end: int  # index after the box
+    content: str | None  # None: unclosed
+
+
+class Extraction(NamedTuple):
+    answer: str | None  # the final answer's text; several adjacent boxes are joined as `\{a, b\}`
+    boxes: int  # how many boxes the (truncated) response holds
+    source: str  # "box" | "fallback" | "none"
+
+
+def _match_brace(text: str, open_at: int) -> int:
+    """Index of the `}` closing the `{` at open_at, or -1. `\\{` and `\\}` are not structural. The regex jumps
+    over ordinary characters in C; the loop runs once per brace or backslash."""
+    depth = 0
+    for m in _STRUCTURAL.finditer(text, open_at):
+        c = m.group()
+        if c == "{":
+            depth += 1
+        elif c == "}":
+            depth -= 1
+            if depth == 0:
+                return m.start()
+    return -1
+
+
+def find_boxes(text: str) -> list[Box]:
+    boxes: list[Box] = []
+    pos = 0
+    while True:
+        m = _BOX.search(text, pos)
+        if m is None:
+            return boxes
+        at = m.end()
+        if at < len(text) and text[at] == "{":
+            close = _match_brace(text, at)
+            if close < 0:
+                boxes.append(Box(m.start(), len(text), None))
+                return boxes
+            boxes.append(Box(m.start(), close + 1, text[at + 1:close]))
+            pos = close + 1
+        else:
+            bare = _BARE_ARG.match(text, at)
+            content = bare.group() if bare else ""
+            boxes.append(Box(m.start(), at + len(content), content))
+            pos = at + len(content)
+
+
+def final_group(text: str, boxes: list[Box]) -> list[Box]:
+    """The last box and the boxes directly before it that only separators divide from it."""
+    group = [boxes[-1]]
+    for prev in reversed(boxes[:-1]):
+        if not _SEPARATOR.fullmatch(text, prev.end, group[0].start):
+            break
+        group.insert(0, prev)
+    return group
+
+
+def _fallback(text: str) -> str | None:
+    for pattern in _FALLBACKS:
+        last = None
+        for last in pattern.finditer(text):
+            pass
+        if last is not None:
+            return last.group(1).strip()
+    return None
+
+
+def extract(response: str, max_chars: int, fallback: bool = False) -> Extraction:
+    """The final answer of `response` (its last `max_chars` characters)."""
+    text = response[-max_chars:] if len(response) > max_chars else response
+    boxes = find_boxes(text)
+    if not boxes:
+        found = _fallback(text) if fallback else None
+        return Extraction(found or None, 0, "fallback" if found else "none")
+    group = final_group(text, boxes)
+    contents = [b.content for b in group]
+    if any(c is None or not c.strip() for c in contents):
+        return Extraction(None, len(boxes), "box")
+    answer = contents[0] if len(contents) == 1 else "\\{" + ", ".join(contents) + "\\}"
+    return Extraction(answer, len(boxes), "box")

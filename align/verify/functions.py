@@ -1,0 +1,136 @@
+"""Named functions of the answer grammar: exact where the value is in our number system (sin of a multiple of
+pi/12, log_2 8, 5!, C(5, 2), |-3|, floor 7/2), an opaque atom otherwise (compared structurally)."""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+from align.verify import algebra as A
+from align.verify.algebra import Scalar
+from align.verify.limits import Budget, OverBudget, Unsupported
+
+TRIG = frozenset({"\\sin", "\\cos", "\\tan", "\\cot", "\\sec", "\\csc"})
+OTHER_FUNCTIONS = frozenset({"\\log", "\\ln", "\\exp", "\\arcsin", "\\arccos", "\\arctan", "\\sinh", "\\cosh",
+                             "\\tanh", "\\lg"})
+FUNCTIONS = TRIG | OTHER_FUNCTIONS
+
+# sin(k*pi/12) for k = 0..6 as (rational part, {radicand: coefficient}); the rest follows by symmetry.
+_SIN_TWELFTHS = {
+    0: {}, 1: {6: Fraction(1, 4), 2: Fraction(-1, 4)}, 2: {1: Fraction(1, 2)}, 3: {2: Fraction(1, 2)},
+    4: {3: Fraction(1, 2)}, 5: {6: Fraction(1, 4), 2: Fraction(1, 4)}, 6: {1: Fraction(1)},
+}
+
+
+def _sin_twelfths(k: int) -> Scalar:
+    k %= 24
+    sign = 1
+    if k >= 12:
+        k, sign = k - 12, -1
+    if k > 6:
+        k = 12 - k
+    return Scalar({(r, ()): c * sign for r, c in _SIN_TWELFTHS[k].items()})
+
+
+def _pi_multiple(x: Scalar) -> Fraction | None:
+    """q when x == q*pi exactly, else None."""
+    if x.is_zero():
+        return Fraction(0)
+    if x.den is None and len(x.num) == 1:
+        (mono, c), = x.num.items()
+        if mono == (1, (("pi", 1),)):
+            return c
+    return None
+
+
+def trig(name: str, x: Scalar, lim: Budget) -> Scalar:
+    q = _pi_multiple(x)
+    if q is None or (12 * q).denominator != 1:
+        return A.opaque(name[1:], x)
+    k = int(12 * q)
+    sin, cos = _sin_twelfths(k), _sin_twelfths(k + 6)
+    num, den = {"\\sin": (sin, None), "\\cos": (cos, None), "\\tan": (sin, cos), "\\cot": (cos, sin),
+                "\\sec": (A.const(1), cos), "\\csc": (A.const(1), sin)}[name]
+    if den is None:
+        return num
+    if den.is_zero():
+        raise Unsupported(f"{name} undefined at {q}*pi")
+    return A.div(num, den, lim)
+
+
+def logarithm(base: Scalar | None, x: Scalar, name: str, lim: Budget) -> Scalar:
+    """log_base(x): exact when x = base^(p/q) for small q; `\\ln`/`\\log` without base only at x = 1."""
+    qx = x.rational()
+    if qx == 1:
+        return A.const(0)
+    qb = base.rational() if base is not None else None
+    if qb is None or qx is None or qb <= 0 or qb == 1 or qx <= 0:
+        return A.opaque("log", base if base is not None else A.symbol(name), x)
+    estimate = (_log(qx)) / _log(qb)
+    for q in range(1, 7):
+        p = round(estimate * q)
+        if abs(p) * max(qb.numerator.bit_length(), qb.denominator.bit_length()) > lim.max_bits:
+            raise OverBudget("logarithm too large")
+        if A.equal(A.power_int(A.const(qb), p, lim), A.power_int(A.const(qx), q, lim), lim):
+            return A.const(Fraction(p, q))
+    return A.opaque("log", base, x)
+
+
+def _log(q: Fraction) -> float:
+    return math.log(q.numerator) - math.log(q.denominator)
+
+
+def _integer(x: Scalar, what: str) -> int:
+    q = x.rational()
+    if q is None or q.denominator != 1 or q < 0:
+        raise Unsupported(f"{what} of a non-integer")
+    return q.numerator
+
+
+def factorial(x: Scalar, lim: Budget) -> Scalar:
+    n = _integer(x, "factorial")
+    if n > 2000:
+        raise OverBudget("factorial too large")
+    lim.spend(n)
+    value = math.factorial(n)
+    lim.check_int(value)
+    return A.const(value)
+
+
+def binomial(n_value: Scalar, k_value: Scalar, lim: Budget) -> Scalar:
+    n, k = _integer(n_value, "binomial"), _integer(k_value, "binomial")
+    if n > 20_000:
+        raise OverBudget("binomial too large")
+    lim.spend(min(k, n - k) + 1 if k <= n else 1)
+    value = math.comb(n, k)
+    lim.check_int(value)
+    return A.const(value)
+
+
+def absolute(x: Scalar) -> Scalar:
+    q = x.rational()
+    if q is not None:
+        return A.const(abs(q))
+    sign = _sign(x)
+    if sign is None:
+        return A.opaque("abs", x)
+    return x if sign > 0 else A.neg(x)
+
+
+def rounding(name: str, x: Scalar) -> Scalar:
+    """floor / ceil: exact for rationals and for constants not within 1e-9 of an integer (float is safe there)."""
+    q = x.rational()
+    f = math.floor if name == "floor" else math.ceil
+    if q is not None:
+        return A.const(f(q))
+    value = x.approx()
+    if value is None or abs(value - round(value)) < 1e-9 or abs(value) > 2**50:
+        return A.opaque(name, x)
+    return A.const(f(value))
+
+
+def _sign(x: Scalar) -> int | None:
+    value = x.approx()
+    if value is None or abs(value) < 1e-9 or math.isnan(value):
+        return None
+    return 1 if value > 0 else -1

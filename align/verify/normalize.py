@@ -1,0 +1,131 @@
+"""String-level clean-up of one extracted answer, before tokenising: unicode look-alikes, spacing commands,
+`\\left`/`\\right`, fraction variants, degrees, currency, units, thousands separators, trailing punctuation.
+
+Units are removed only from a fixed list (and a unit's `^2`/`^3` with it): a `\\text{...}` that is not a unit stays
+and makes the answer unreadable inside an expression, which is what stops `5 \\text{ or } 7` from passing as 5.
+"""
+
+from __future__ import annotations
+
+import re
+
+# Phrases, comma-separated. Matched whole and case-insensitively against `\\text{...}` contents.
+_UNIT_PHRASES = """
+mm, cm, m, km, meter, meters, metre, metres, centimeter, centimeters, millimeter, millimeters, kilometer,
+kilometers, in, inch, inches, ft, foot, feet, yd, yard, yards, mi, mile, miles,
+unit, units, sq units, square units, square unit, cubic units, cubic unit, sq ft, sq m, sq cm, sq in, sq km,
+square feet, square foot, square meters, square metres, square inches, square inch, square centimeters,
+square kilometers, square miles, cubic feet, cubic inches, cubic meters, cubic centimeters, cc,
+l, ml, liter, liters, litre, litres, gallon, gallons, quart, quarts, pint, pints, cup, cups,
+g, mg, kg, gram, grams, kilogram, kilograms, milligram, milligrams, lb, lbs, pound, pounds, oz, ounce, ounces,
+ton, tons, s, sec, secs, second, seconds, min, mins, minute, minutes, h, hr, hrs, hour, hours, day, days,
+week, weeks, month, months, year, years, yr, yrs,
+mph, kph, km/h, km/hr, m/s, ft/s, miles per hour, kilometers per hour, meters per second,
+dollar, dollars, cent, cents, usd, euro, euros, degree, degrees, deg, radian, radians, rad
+"""
+UNITS = frozenset(p.strip() for p in _UNIT_PHRASES.replace("\n", " ").split(",") if p.strip())
+# Bare (unmarked) units after a number: only unambiguous words of 2+ letters ("in", "m", "s" could be variables).
+_BARE_UNITS = sorted((u for u in UNITS if len(u) >= 2 and u not in {"in", "mi", "cc", "rad", "deg"}),
+                     key=len, reverse=True)
+
+# A trailing noun after a number ("12 \\text{ cookies}") is dropped like a unit, unless it is one of these words,
+# which can change the value or hedge ("4 thousand", "3 or", "5 maybe", "2 squared").
+_NOT_A_NOUN = frozenset("""
+or and not no nor either neither maybe perhaps possibly probably approximately approx about roughly around nearly
+almost least most more less than only except but plus minus times over divided squared cubed percent hundred
+hundreds thousand thousands million millions billion billions trillion dozen dozens score half halves third thirds
+quarter quarters twice double triple wrong incorrect correct true false none all each per undefined infinity
+infinite impossible unknown answer solution is are was were
+""".split())
+_TRAILING_WORDS = re.compile(r"(?<=[0-9})\]])\s*(?:\\text\{([a-z][a-z -]*)\}|\s([a-zA-Z][a-zA-Z -]*))\s*$")
+
+_UNICODE = str.maketrans({
+    "\u2212": "-", "\u2013": "-", "\u2014": "-", "\u2010": "-", "\u2012": "-", "\ufe63": "-", "\uff0d": "-",
+    "\u00d7": r"\times ", "\u00b7": r"\cdot ", "\u22c5": r"\cdot ", "\u00f7": r"\div ", "\u221a": r"\sqrt ",
+    "\u03c0": r"\pi ", "\u221e": r"\infty ", "\u00b0": "", "\u2264": r"\le ", "\u2265": r"\ge ",
+    "\u2260": r"\ne ", "\u00b1": r"\pm ", "\u222a": r"\cup ", "\u2205": r"\emptyset ", "\u00b2": "^2",
+    "\u00b3": "^3", "\u00a0": " ", "\u2009": " ", "\u202f": " ", "\u2007": " ", "\u200b": "", "\uff0c": ",",
+    "\uff08": "(", "\uff09": ")", "\u2215": "/", "\uff05": "%",
+    **{chr(0xFF10 + d): str(d) for d in range(10)},
+})
+
+_TEXT_CMD = re.compile(
+    r"\\(text|textbf|textit|textrm|textsf|texttt|textnormal|mbox|hbox|mathrm|mathbf|mathit|mathsf|mathtt|"
+    r"mathnormal|operatorname|rm|bf)\s*\{([^{}]*)\}(\s*\^\s*\{?\s*[23]\s*\}?)?")
+_MATHY = re.compile(r"[0-9a-zA-Z\s.,+\-*/()\[\]^=<>|]*")
+_WORD2 = re.compile(r"[a-zA-Z]{2,}")
+_SIZING = re.compile(r"\\(?:left|right)\s*\.|\\(?:left|right|[bB]igg?[lrm]?|displaystyle|textstyle|scriptstyle|limits|nolimits)(?![a-zA-Z])")
+_THIN_THOUSANDS = re.compile(r"(?<=[0-9])(?:\\[,!]|\{,\}|\\ )(?=[0-9]{3}(?![0-9]))")
+_NEG_SPACE = re.compile(r"\\!")
+_SPACES = re.compile(r"\\[,;: ]|\\(?:quad|qquad|enspace|thinspace|medspace|thickspace)(?![a-zA-Z])|~")
+_FRAC = re.compile(r"\\[dtc]frac(?![a-zA-Z])")
+_BINOM = re.compile(r"\\[dt]binom(?![a-zA-Z])")
+_DEGREE = re.compile(r"\^\s*\{?\s*\\circ\s*\}?|\\circ(?![a-zA-Z])|\\degree(?![a-zA-Z])|\^\s*\{\s*o\s*\}")
+_TRIG = re.compile(r"\\(?:sin|cos|tan|cot|sec|csc)(?![a-zA-Z])")
+_TRIG_DEGREE = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*(?:\^\s*\{?\s*\\circ\s*\}?|\\degree(?![a-zA-Z]))")
+_AND_OR = re.compile(r"\s+(?:and|or)\s+")
+_MATH_DELIMS = re.compile(r"\\\$|\$|\\[()\[\]]")
+_PERCENT = re.compile(r"\\%|\s*\bpercent\b|\\percent(?![a-zA-Z])")
+_TRAIL = " \t\n\r.,;:?"
+_THOUSANDS = re.compile(r"(?<![0-9.,])[0-9]{1,3}(?:,[0-9]{3})+(?![0-9])(?!,[0-9])")
+_REPEATING = re.compile(r"([0-9]*)\.([0-9]*)\\overline\s*\{([0-9]{1,30})\}")
+_BARE_UNIT = re.compile(
+    r"(?<=[0-9})])\s*(?:" + "|".join(re.escape(u) for u in _BARE_UNITS)
+    + r")(?![a-zA-Z])(?:\s*\^\s*\{?\s*[23]\s*\}?)?\s*$")
+
+
+def _text_command(m: re.Match) -> str:
+    body = " ".join(m.group(2).replace("~", " ").split())
+    low = body.lower().rstrip(".")
+    power = m.group(3) or ""
+    if not low or low in UNITS:
+        return " "
+    if low in ("and", "or", ","):
+        # "x = 1 \text{ or } x = 2" lists solutions; a list never equals a scalar gold, so hedging gains nothing.
+        return ", "
+    body = _BARE_UNIT.sub("", body)  # "\text{7 cm}"
+    if _MATHY.fullmatch(body) and not _WORD2.search(body):
+        # `\text{5}`, `\mathrm{d}`, `\text{(B)}`: math written in a text font; read it as math.
+        return f" {body}{power} "
+    return f" \\text{{{low}}}{power} "
+
+
+def _repeating(m: re.Match) -> str:
+    """0.1\\overline{6} -> \\frac{15}{90}: the repeating decimal's exact value."""
+    whole, fixed, rep = m.group(1) or "0", m.group(2), m.group(3)
+    num = int(whole + fixed + rep) - int(whole + fixed)
+    return f"\\frac{{{num}}}{{{10 ** len(fixed) * (10 ** len(rep) - 1)}}}"
+
+
+def _trailing_words(m: re.Match) -> str:
+    words = (m.group(1) or m.group(2)).lower().replace("-", " ").split()
+    if 1 <= len(words) <= 3 and all(len(w) >= 2 and w not in _NOT_A_NOUN for w in words):
+        return ""
+    return m.group(0)
+
+
+def clean(answer: str) -> str:
+    """Return the answer as plain tokenisable LaTeX-ish text (see the module docstring for what is removed)."""
+    s = answer.translate(_UNICODE).replace("~", " ")
+    if "\\" in s or "{" in s:
+        s = _THIN_THOUSANDS.sub("", s)
+        for _ in range(2):  # a unit inside a text command (`\\text{5 \\text{cm}}`) is removed first
+            s = _TEXT_CMD.sub(_text_command, s)
+        s = _SIZING.sub("", s)
+        s = _NEG_SPACE.sub("", s)
+        s = _SPACES.sub(" ", s)
+        s = _FRAC.sub(r"\\frac", s)
+        s = _BINOM.sub(r"\\binom", s)
+        if _TRIG.search(s):  # sin 45^\circ: degrees become radians inside trigonometry
+            s = _TRIG_DEGREE.sub(r"{(\1\\pi/180)}", s)
+        s = _DEGREE.sub("", s)
+        s = _REPEATING.sub(_repeating, s)
+    s = _MATH_DELIMS.sub("", s)
+    s = _AND_OR.sub(", ", s)
+    s = _PERCENT.sub("%", s)
+    s = s.strip().rstrip(_TRAIL)
+    s = _BARE_UNIT.sub("", s).rstrip()
+    s = _TRAILING_WORDS.sub(_trailing_words, s).rstrip()
+    if "," in s and not any(c in s for c in "([{"):
+        s = _THOUSANDS.sub(lambda m: m.group(0).replace(",", ""), s)
+    return s.rstrip(_TRAIL).strip()

@@ -1,0 +1,113 @@
+"""Building structured answers from parsed parts: brackets (tuple / interval / grouping), relations (equations,
+inequalities, chains) and unions. Relations of one variable against constants become the interval they describe,
+so `x \\le 3` and `(-\\infty, 3]` are the same answer."""
+
+from __future__ import annotations
+
+from align.verify import algebra as A
+from align.verify.algebra import Scalar
+from align.verify.limits import Budget, Unsupported
+from align.verify.values import FiniteSet, Infinity, Interval, PairParen, Relation, Tuple, Union, Value
+
+_FLIP = {">": "<", ">=": "<="}
+
+
+def bracket_value(opener: str, closer: str, items: list[Value]) -> Value:
+    matched = (opener, closer) in (("(", ")"), ("[", "]"))
+    if len(items) == 1:
+        if not matched:
+            raise Unsupported(f"{opener}...{closer} around one item")
+        return items[0]
+    if len(items) == 2:
+        if (opener, closer) == ("(", ")"):
+            return PairParen(items[0], items[1])
+        lo, hi = items
+        if not isinstance(lo, (Scalar, Infinity)) or not isinstance(hi, (Scalar, Infinity)):
+            raise Unsupported("interval bounds must be numbers")
+        return Interval(lo, hi, opener == "[", closer == "]")
+    if not matched:
+        raise Unsupported(f"{opener}...{closer} around {len(items)} items")
+    return Tuple(tuple(items))
+
+
+def union_value(a: Value, b: Value) -> Union:
+    parts = []
+    for v in (a, b):
+        if isinstance(v, Union):
+            parts.extend(v.parts)
+        elif isinstance(v, (Interval, PairParen, FiniteSet)):
+            parts.append(v)
+        else:
+            raise Unsupported(f"union of {type(v).__name__}")
+    return Union(tuple(parts))
+
+
+def _is_constant(v: Value) -> bool:
+    return isinstance(v, Infinity) or (isinstance(v, Scalar) and v.is_constant())
+
+
+def _equal_chain(parts: list[Value], lim: Budget) -> bool:
+    if not all(isinstance(p, Scalar) for p in parts):
+        raise Unsupported("chain of equalities between non-numbers")
+    return all(A.equal(parts[k], parts[k + 1], lim) for k in range(len(parts) - 1))
+
+
+def _equations(parts: list[Value], lim: Budget) -> Value:
+    """`x = 5` is an assignment; `x = 2 + 3 = 5` too (its right-hand sides must agree); `2 + 3 = 5` is 5 only if it
+    is true; `5 = 6` is refused (a false statement must not score as its right-hand side)."""
+    first = parts[0]
+    if isinstance(first, Scalar) and A.variable_name(first) is not None:
+        rest = parts[1:]
+        if len(rest) > 1 and not _equal_chain(rest, lim):
+            raise Unsupported("inconsistent chain of equalities")
+        return Relation("=", first, rest[-1])
+    if all(_is_constant(p) for p in parts):
+        if not _equal_chain(parts, lim):
+            raise Unsupported("false equation")
+        return parts[-1]
+    if len(parts) == 2 and all(isinstance(p, Scalar) for p in parts):
+        return Relation("=", parts[0], parts[1])
+    raise Unsupported("equation chain")
+
+
+def _interval_from(var_side: str, op: str, bound: Value) -> Interval:
+    """x op c (var_side 'left') or c op x (var_side 'right'), op in {<, <=}."""
+    closed = op == "<="
+    if var_side == "left":
+        return Interval(Infinity(-1), bound, False, closed)
+    return Interval(bound, Infinity(1), closed, False)
+
+
+def _inequality(parts: list[Value], ops: list[str]) -> Value:
+    if len(parts) == 2:
+        op, lhs, rhs = ops[0], parts[0], parts[1]
+        if op in _FLIP:
+            op, lhs, rhs = _FLIP[op], rhs, lhs
+        if op != "!=":
+            for side, var, bound in (("left", lhs, rhs), ("right", rhs, lhs)):
+                if isinstance(var, Scalar) and A.variable_name(var) and _is_constant(bound):
+                    return _interval_from(side, op, bound)
+        if not isinstance(lhs, Scalar) or not isinstance(rhs, Scalar):
+            raise Unsupported("inequality between non-numbers")
+        return Relation(op, lhs, rhs)
+    if len(parts) == 3 and "!=" not in ops:
+        lo, mid, hi = parts
+        if all(o in _FLIP for o in ops):
+            lo, hi, ops = hi, lo, [_FLIP[o] for o in reversed(ops)]
+        if all(o in ("<", "<=") for o in ops) and isinstance(mid, Scalar) and A.variable_name(mid):
+            if _is_constant(lo) and _is_constant(hi):
+                return Interval(lo, hi, ops[0] == "<=", ops[1] == "<=")
+    raise Unsupported("inequality chain")
+
+
+def relation_value(parts: list[Value], ops: list[str], lim: Budget) -> Value:
+    if "in" in ops:
+        first = parts[0]
+        if ops == ["in"] and isinstance(first, Scalar) and A.variable_name(first) is not None:
+            return parts[1]
+        raise Unsupported("membership")
+    if all(o == "=" for o in ops):
+        return _equations(parts, lim)
+    if "=" in ops:
+        raise Unsupported("mixed equation and inequality")
+    return _inequality(parts, ops)

@@ -1,0 +1,71 @@
+"""The shapes an answer can take besides a plain Scalar. Plain immutable records; comparison lives in equiv.py."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from align.verify.algebra import Scalar
+
+
+@dataclass(frozen=True, eq=False)
+class Infinity:
+    sign: int  # +1 or -1
+
+
+@dataclass(frozen=True, eq=False)
+class Percent:
+    """`25%` as written: compared with a plain number according to VerifyConfig.percent."""
+
+    value: Scalar
+
+
+@dataclass(frozen=True, eq=False)
+class Interval:
+    lo: Scalar | Infinity
+    hi: Scalar | Infinity
+    lo_closed: bool
+    hi_closed: bool
+
+
+@dataclass(frozen=True, eq=False)
+class PairParen:
+    """`(a, b)`: an ordered pair or an open interval; which one only the question knows, so it matches both."""
+
+    a: object
+    b: object
+
+
+@dataclass(frozen=True, eq=False)
+class Tuple:
+    items: tuple
+
+
+@dataclass(frozen=True, eq=False)
+class FiniteSet:
+    """Order-free, duplicates irrelevant: `\\{1, 2\\}`, a top-level list `1, 2`, adjacent boxes, `1 \\pm 2`."""
+
+    items: tuple
+
+
+@dataclass(frozen=True, eq=False)
+class Union:
+    parts: tuple  # of Interval / PairParen / FiniteSet
+
+
+@dataclass(frozen=True, eq=False)
+class Relation:
+    """`lhs op rhs` with op in {"=", "<", "<=", "!="}; `a > b` is stored as `b < a`."""
+
+    op: str
+    lhs: Scalar
+    rhs: Scalar
+
+
+@dataclass(frozen=True, eq=False)
+class Text:
+    """A word answer (`\\text{Evelyn}`, `yes`), lower-cased with spaces collapsed."""
+
+    text: str
+
+
+Value = Scalar | Infinity | Percent | Interval | PairParen | Tuple | FiniteSet | Union | Relation | Text

@@ -181,3 +181,20 @@ def ensure_ref_cache(path: str | Path, key: RefCacheKey, rows: int,
         return cached, True
     batches, score = prepare()
     return build_ref_cache(path, key, rows, batches, score, extra), False
+
+
+def length_sorted_rows(lengths, batch_pairs: int, max_tokens: int | None = None) -> list[list[int]]:
+    """Every row index exactly once, longest first, cut into batches of at most `batch_pairs` rows and (when set)
+    at most `max_tokens` = rows x longest row. Sorting by length keeps padding, hence wasted compute, small."""
+    order = sorted(range(len(lengths)), key=lambda r: (-int(lengths[r]), r))
+    batches: list[list[int]] = []
+    for row in order:
+        current = batches[-1] if batches else None
+        # the first row of a batch is its longest (descending order), so the batch width is lengths[current[0]]
+        fits = current is not None and len(current) < batch_pairs and (
+            max_tokens is None or (len(current) + 1) * int(lengths[current[0]]) <= max_tokens)
+        if fits:
+            current.append(row)
+        else:
+            batches.append([row])
+    return batches

@@ -125,3 +125,15 @@ def test_unscored_duplicate_and_non_finite_rows_refused(tmp_path):
     with pytest.raises(ArtifactError, match="chosen_logps row .* is not finite"):
         build_ref_cache(tmp_path / "c", KEY, ROWS, _batches(), nan_score)
     assert not (tmp_path / "c").exists()
+
+
+def test_length_sorted_rows_cover_every_row_once_within_budgets():
+    from align.train.ref_cache import length_sorted_rows
+
+    lengths = [5, 9, 3, 9, 7, 1, 4]
+    batches = length_sorted_rows(lengths, batch_pairs=3, max_tokens=20)
+    assert sorted(r for b in batches for r in b) == list(range(7))
+    assert batches[0] == [1, 3]  # 3 x 9 > 20
+    for b in batches:
+        assert len(b) <= 3 and len(b) * max(lengths[r] for r in b) <= 20
+    assert length_sorted_rows(lengths, batch_pairs=4) == [[1, 3, 4, 0], [6, 2, 5]]

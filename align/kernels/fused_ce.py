@@ -1,0 +1,127 @@
+"""Fused, chunked linear + cross-entropy: loss and gradients without the full `[tokens, vocab]` logits.
+
+A plain LM head materialises `hidden @ W.T` for every token (2048 tokens x 32768 vocab x 4 B = 268 MB in fp32), its
+softmax, and the gradient of both. Here the tokens that carry a label are processed `chunk_size` at a time: for each
+chunk the logits are formed, reduced to per-token statistics, turned in place into d(loss)/d(logits), and multiplied
+straight into the gradients of `hidden` and `W`. Peak extra memory is one `[chunk_size, vocab]` fp32 buffer plus the
+two gradients (the size of the inputs), whatever the number of tokens.
+
+The gradient is computed during forward (the Liger approach): forward + backward cost three GEMMs, the same as the
+unfused head, instead of four for recomputation in backward. Backward only scales the stored gradients by the
+incoming scalar. When no input needs a gradient (evaluation, reference scoring), nothing is stored.
+
+Objective per token i with label y_i (rows whose label is `ignore_index` contribute nothing, not even compute):
+    ce_i = lse_i - logit_{i, y_i},   lse_i = log sum_v exp(logit_{i, v})
+    z_i  = lse_i ** 2                                  (LM-head z-loss, PaLM)
+    loss = sum_i ce_i + z_loss_weight * sum_i z_i      (a SUM: the caller divides by its global token count)
+    d loss / d logit_{i, v} = softmax_{i, v} * (1 + 2 * z_loss_weight * lse_i) - [v == y_i]
+Side outputs (no gradient): the CE sum, the z sum, and the predictive-entropy sum H_i = lse_i - sum_v p_{i, v} logit_{i, v}.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+IGNORE_INDEX = -100
+
+
+@dataclass(frozen=True)
+class FusedCEOutput:
+    """`loss` is differentiable (sum of ce + z_loss_weight * z); the rest are detached fp32 sums over label tokens."""
+
+    loss: torch.Tensor
+    ce_sum: torch.Tensor
+    z_sum: torch.Tensor
+    entropy_sum: torch.Tensor
+    tokens: int
+
+
+def _chunk_stats(logits: torch.Tensor, targets: torch.Tensor):
+    """Per-row lse, target logit and entropy of a `(c, V)` fp32 logits chunk (left untouched)."""
+    lse = torch.logsumexp(logits, dim=-1)  # (c,)
+    target_logit = logits.gather(1, targets[:, None]).squeeze(1)  # (c,)
+    probs = (logits - lse[:, None]).exp_()  # (c, V): the one extra buffer besides the logits
+    entropy = lse - torch.linalg.vecdot(probs, logits)  # (c,)
+    return lse, target_logit, entropy, probs
+
+
+class _FusedLinearCE(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, z_loss_weight: float, chunk_size: int, want_h: bool, want_w: bool):
+        # shape: hidden (N, D) label rows only, weight (V, D), targets (N,) in [0, V)
+        grad_h = torch.empty_like(hidden) if want_h else None
+        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if want_w else None
+        sums = torch.zeros(3, dtype=torch.float32, device=hidden.device)  # ce, z, entropy
+        rows = torch.arange(min(chunk_size, hidden.shape[0]), device=hidden.device)
+        for start in range(0, hidden.shape[0], chunk_size):
+            h = hidden[start:start + chunk_size]  # (c, D)
+            y = targets[start:start + chunk_size]
+            logits = (h @ weight.t()).float()  # (c, V)
+            lse, tgt, ent, probs = _chunk_stats(logits, y)
+            sums += torch.stack([(lse - tgt).sum(), (lse * lse).sum(), ent.sum()])
+            if grad_h is None and grad_w is None:
+                continue
+            del logits  # free before the gradient GEMMs: peak stays at two (c, V) buffers
+            # probs becomes d loss / d logits in place: p * (1 + 2 z lse) - onehot(y)
+            if z_loss_weight:
+                probs.mul_((1.0 + 2.0 * z_loss_weight * lse)[:, None])
+            probs[rows[: y.shape[0]], y] -= 1.0
+            g = probs.to(hidden.dtype)
+            if grad_h is not None:
+                torch.matmul(g, weight, out=grad_h[start:start + chunk_size])  # (c, D)
+            if grad_w is not None:  # (V, D), accumulated in fp32 across chunks
+                if h.dtype == torch.float32:
+                    grad_w.addmm_(probs.t(), h)
+                else:  # low-precision GEMM (tensor cores), fp32 accumulation across chunks
+                    grad_w.add_(g.t() @ h)
+        ctx.save_for_backward(grad_h, grad_w)
+        ctx.weight_dtype = weight.dtype
+        loss = sums[0] + z_loss_weight * sums[1]
+        ce_sum, z_sum, ent_sum = sums.unbind(0)
+        ctx.mark_non_differentiable(ce_sum, z_sum, ent_sum)
+        return loss, ce_sum, z_sum, ent_sum
+
+    @staticmethod
+    def backward(ctx, grad_loss, *_unused):
+        grad_h, grad_w = ctx.saved_tensors
+        if grad_h is not None:
+            grad_h = grad_h * grad_loss.to(grad_h.dtype)
+        if grad_w is not None:
+            grad_w = (grad_w * grad_loss).to(ctx.weight_dtype)
+        return grad_h, grad_w, None, None, None, None, None
+
+
+def fused_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, *,
+                               z_loss_weight: float = 0.0, chunk_size: int = 1024,
+                               ignore_index: int = IGNORE_INDEX) -> FusedCEOutput:
+    """Summed CE (+ z-loss) of `hidden @ weight.T` against `labels`, never holding more than a chunk of logits.
+
+    hidden: (..., D) already aligned with labels (..., ): position i predicts labels[i] (shift before calling).
+    weight: (V, D), the LM head (tied or not). Labels equal to `ignore_index` are skipped before any GEMM."""
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    flat_h = hidden.reshape(-1, hidden.shape[-1])  # shape: (N, D)
+    flat_y = labels.reshape(-1)
+    if flat_h.shape[0] != flat_y.shape[0]:
+        raise ValueError(f"hidden has {flat_h.shape[0]} rows but labels has {flat_y.shape[0]}")
+    keep = (flat_y != ignore_index).nonzero().squeeze(1)
+    targets = flat_y.index_select(0, keep)
+    if targets.numel() and (int(targets.min()) < 0 or int(targets.max()) >= weight.shape[0]):
+        raise ValueError(f"labels must lie in [0, {weight.shape[0]}) or equal {ignore_index}")
+    rows = flat_h.index_select(0, keep)  # (n_label, D); gradient flows back to the kept rows only
+    grad_on = torch.is_grad_enabled()  # NOTE: Function.forward always runs with grad off; decide out here
+    loss, ce, z, ent = _FusedLinearCE.apply(rows, weight, targets, float(z_loss_weight), int(chunk_size),
+                                            grad_on and rows.requires_grad, grad_on and weight.requires_grad)
+    return FusedCEOutput(loss=loss, ce_sum=ce, z_sum=z, entropy_sum=ent, tokens=int(targets.numel()))
+
+
+def reference_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, *,
+                                   z_loss_weight: float = 0.0, ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
+    """The unfused formula (full logits, autograd): what the fused path must equal. For tests and benchmarks."""
+    logits = (hidden.reshape(-1, hidden.shape[-1]) @ weight.t()).float()  # (N, V)
+    y = labels.reshape(-1)
+    ce = torch.nn.functional.cross_entropy(logits, y, ignore_index=ignore_index, reduction="sum")
+    lse = torch.logsumexp(logits, dim=-1)[y != ignore_index]
+    return ce + z_loss_weight * (lse * lse).sum()

@@ -1,0 +1,204 @@
+"""`TrainModule`: forward, loss, backward, clipping, the LR schedule and the optimizer step. The seam every stage
+(SFT, DPO, GRPO) plugs into; the `Trainer` owns everything else (loop, accumulation window, checkpoints, resume,
+stop decisions) and never sees a loss formula. A TrainModule never opens a checkpoint directory.
+
+What a subclass supplies (the loss seam):
+    loss(model, batch) -> LossOutput     runs INSIDE the wrapped forward (parallel.LossForward), so DDP / FSDP2 see
+                                         it; returns the differentiable SUM over this micro-batch's loss units and
+                                         detached statistics (`sums`) that the Trainer adds over the window and ranks
+    loss_units(batch) -> float           how many units this micro-batch's loss sums over (SFT: label tokens,
+                                         DPO: pairs); the Trainer totals them over the window and all ranks BEFORE
+                                         the first backward
+    log_metrics(sums) -> dict            turn the window's global sums into the logged numbers (loss = sum / units)
+    extra_state() / load_extra_state()   module-private state that must survive resume (a tripwire baseline, an
+                                         adaptive KL coefficient); plain tensors / numbers / lists / dicts only,
+                                         since resume.pt is read with torch.load(weights_only=True)
+
+Loss normalisation: each micro-batch's summed loss is scaled by world_size / global_units before backward. DDP and
+FSDP2 average gradients over ranks, so the window's gradient is exactly the gradient of (sum of every loss unit on
+every rank) / (number of units): one big batch, not a mean of per-micro-batch means (seed 003 names that bias).
+
+A skipped step: `optim_step` returns False and changes nothing (no update, the schedule does not advance) when the
+global gradient norm is non-finite or any rank saw a non-finite loss in the window; the decision is made from one
+all-reduced quantity (grad_norm.global_grad_norm), so it is identical on every rank."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from align.train.grad_norm import clip_grads_, global_grad_norm
+from align.train.optim import OptimizerConfig, make_optimizer
+from align.train.parallel import LossForward, ParallelConfig, grad_sync, wrap
+from align.train.schedulers import SchedulerConfig, lr_multiplier
+from align.utils.dist import device
+
+
+@dataclass(frozen=True)
+class AccumInfo:
+    """Where a micro-batch sits in its accumulation window, and the window's global loss-unit count."""
+
+    micro_index: int  # 0-based position in the window
+    num_micro: int  # micro-batches per window on each rank
+    global_units: float  # loss units in the whole window summed over all ranks
+    world_size: int
+
+    @property
+    def is_last(self) -> bool:
+        return self.micro_index == self.num_micro - 1
+
+
+@dataclass
+class LossOutput:
+    loss: torch.Tensor  # differentiable scalar: SUM over this micro-batch's loss units
+    sums: dict[str, torch.Tensor] = field(default_factory=dict)  # detached statistics, summed by the Trainer
+
+
+@dataclass
+class StepMetrics:
+    sums: dict[str, torch.Tensor]  # this micro-batch's detached statistics (0-dim tensors, not yet synced)
+    nonfinite: torch.Tensor  # 0-dim bool: the loss was NaN or inf
+
+
+@dataclass(frozen=True)
+class TrainModuleConfig:
+    """The [optimizer], [scheduler] and [parallel] tables a TrainModule is built from."""
+
+    optimizer: OptimizerConfig = OptimizerConfig()
+    scheduler: SchedulerConfig = SchedulerConfig()
+    parallel: ParallelConfig = ParallelConfig()
+
+
+def _to_device(batch: dict, dev: torch.device) -> dict:
+    return {k: v.to(dev, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
+
+
+class TrainModule:
+    """Base class; subclasses implement `loss`, `loss_units` and (optionally) `log_metrics` / extra state."""
+
+    def __init__(self, model: nn.Module, cfg: TrainModuleConfig, total_steps: int, seed: int = 0):
+        self.model = model
+        self.cfg = cfg
+        self.total_steps = total_steps
+        self.net = wrap(LossForward(model, self.loss), cfg.parallel)
+        self.optimizer, self.banner = make_optimizer(model, cfg.optimizer, seed=seed)
+        self.step = 0  # applied optimizer steps: the schedule's clock
+        self.last: dict[str, float] = {}  # grad_norm, clip_coef, lr of the latest optim_step
+        self._window_bad = torch.zeros((), dtype=torch.bool, device=device())
+
+    # ------------------------------------------------------------------------------------------- the loss seam
+    def loss(self, model: nn.Module, batch: dict) -> LossOutput:
+        raise NotImplementedError
+
+    def loss_units(self, batch: dict) -> float:
+        raise NotImplementedError
+
+    def log_metrics(self, sums: dict[str, float]) -> dict[str, float]:
+        return dict(sums)
+
+    def extra_state(self) -> dict:
+        return {}
+
+    def load_extra_state(self, state: dict) -> None:
+        if state:
+            raise ValueError(f"{type(self).__name__} has no extra state but the checkpoint carries {sorted(state)}")
+
+    # ------------------------------------------------------------------------------------------- the step
+    def train_batch(self, batch: dict, accum: AccumInfo) -> StepMetrics:
+        """Forward + backward of one micro-batch; gradients accumulate until `optim_step`."""
+        self.net.train()
+        batch = _to_device(batch, device())
+        scale = accum.world_size / accum.global_units if accum.global_units > 0 else 0.0
+        with grad_sync(self.net, accum.is_last):
+            out = self.net(batch)
+            (out.loss * scale).backward()
+        nonfinite = ~torch.isfinite(out.loss.detach())
+        self._window_bad |= nonfinite
+        return StepMetrics(sums={k: v.detach() for k, v in out.sums.items()}, nonfinite=nonfinite)
+
+    def optim_step(self) -> bool:
+        """Clip and step, or skip (return False) when the gradients or any rank's window loss are non-finite."""
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        norm = global_grad_norm(params, local_nonfinite=bool(self._window_bad))
+        mult = lr_multiplier(self.cfg.scheduler, self.step, self.total_steps)
+        self.last = {"grad_norm": norm, "lr": self.cfg.optimizer.lr * mult, "clip_coef": 1.0}
+        if not math.isfinite(norm):
+            return False
+        if self.cfg.optimizer.max_grad_norm is not None:
+            self.last["clip_coef"] = clip_grads_(params, norm, self.cfg.optimizer.max_grad_norm)
+        for group in self.optimizer.param_groups:
+            group["lr"] = group["base_lr"] * mult
+        self.optimizer.step()
+        self.step += 1
+        return True
+
+    def zero_grads(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        self._window_bad.zero_()
+
+    # ------------------------------------------------------------------------------------------- state
+    def state_dict(self) -> dict:
+        """This rank's optimizer state (DTensor shards as plain local tensors) and the schedule's step."""
+        return {"optimizer": _localize(self.optimizer.state_dict()), "step": self.step}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        _rewrap_dtensor_state(self.optimizer)
+        self.step = int(state["step"])
+
+    def full_model_state_dict(self) -> dict[str, torch.Tensor]:
+        """Full (unsharded) CPU weights on every rank. Collective under FSDP2: every rank must call it."""
+        out = {}
+        for name, t in self.model.state_dict().items():
+            if hasattr(t, "full_tensor"):
+                t = t.full_tensor()
+            out[name] = t.detach().to("cpu", copy=True)
+        return out
+
+    def load_model_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Copy full weights into the (possibly sharded) model; every rank passes the same full tensors."""
+        own = self.model.state_dict()
+        missing = sorted(set(own) - set(state))
+        if missing:
+            raise KeyError(f"checkpoint weights lack {missing[:3]} (and {max(0, len(missing) - 3)} more)")
+        with torch.no_grad():
+            for name, target in own.items():
+                src = state[name]
+                if hasattr(target, "to_local"):  # DTensor: take this rank's shard of the full tensor
+                    from torch.distributed.tensor import distribute_tensor
+
+                    src = distribute_tensor(src.to(target.dtype), target.device_mesh, target.placements).to_local()
+                    target = target.to_local()
+                if target.shape != src.shape:
+                    raise ValueError(f"{name}: checkpoint shape {tuple(src.shape)}, model {tuple(target.shape)}")
+                target.copy_(src)
+
+
+def _localize(obj):
+    """Replace DTensors by their local shards (resume.pt must load with weights_only=True, same world size)."""
+    if hasattr(obj, "to_local") and hasattr(obj, "placements"):
+        return obj.to_local().detach().clone()
+    if isinstance(obj, dict):
+        return {k: _localize(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_localize(v) for v in obj]
+    return obj
+
+
+def _rewrap_dtensor_state(opt: torch.optim.Optimizer) -> None:
+    """After loading local shards, turn state that belongs to a DTensor parameter back into DTensors."""
+    from torch.distributed.tensor import DTensor
+
+    if getattr(opt, "local_shard_state", False):  # adamw8bit keeps plain per-shard state by design
+        return
+    for group in opt.param_groups:
+        for p in group["params"]:
+            if not isinstance(p, DTensor):
+                continue
+            for key, value in opt.state.get(p, {}).items():
+                if torch.is_tensor(value) and not isinstance(value, DTensor) and value.shape == p.to_local().shape:
+                    opt.state[p][key] = DTensor.from_local(value, p.device_mesh, p.placements, run_check=False,
+                                                           shape=p.shape, stride=p.stride())

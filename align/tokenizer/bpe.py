@@ -1,10 +1,15 @@
 """The BPE model of a tokenizer.json: initial symbols (characters, byte fallback, unknown token), the merge loop,
 `ignore_merges`, and a bounded word cache.
 
-Speed comes from two facts: most words repeat, so their ids are cached; and a SentencePiece-style text (one long
-pre-token with `▁` for spaces) can be cut before every `▁` that follows another character without changing the
-result, because no merge produces a piece containing such a boundary (checked on the merges at load time; when
-a vocabulary breaks that rule the text is merged whole, which is exact but slow).
+Speed comes from caching and from cutting words where no merge can reach across. A cut between characters x and
+y is exact when no piece any merge produces contains "xy" (the set of such two-character strings is computed from
+the merges at load): every token BPE can emit is then on one side of the cut, and merges on one side never look
+at the other. Two uses of that fact:
+- a SentencePiece-style text (one long pre-token, `▁` for spaces) is cut with a C-speed regex before every `▁`
+  that follows another character, when the vocabulary allows it (Mistral's does), and the pieces are cached;
+- a piece not in the cache is cut at every exact boundary before merging (code such as `self.assertEqual(x,`
+  falls into `self`, `.`, `assert`, ...), so the merge loop only ever runs on short, often-repeated parts.
+Both are exact, not heuristics; when a vocabulary breaks the conditions the text is merged whole (exact, slower).
 """
 
 from __future__ import annotations
@@ -19,7 +24,6 @@ from align.tokenizer.bpe_merge import merge
 SPACE_MARK = "\u2581"
 # A chunk: a run of ▁ with the non-▁ characters after it, or non-▁ characters at the start of a pre-token.
 _CHUNK_RE = re.compile(f"{SPACE_MARK}+[^{SPACE_MARK}]*|[^{SPACE_MARK}]+")
-_CROSSES_CHUNK = re.compile(f"[^{SPACE_MARK}]{SPACE_MARK}")
 
 
 @dataclass(frozen=True)
@@ -66,11 +70,16 @@ class BpeModel:
         self._whole: dict[str, int] | None = None
         if spec.get("ignore_merges", False):
             self._whole = {t: i for t, i in self.vocab.items() if t not in protected}
-        crosses = any(_CROSSES_CHUNK.search(a + b) for a, b in merges)
-        self._chunk_re = _CHUNK_RE if SPACE_MARK in self.vocab and not crosses else None
+        self._byte_tokens = [f"<0x{b:02X}>" for b in range(256)]
+        # two-character strings inside some merge result: a cut between x and y is exact iff "xy" is not here
+        self._bigrams = {piece[i:i + 2] for a, b in merges for piece in (a + b,) for i in range(len(piece) - 1)}
+        self._chars = {t for t in self.vocab if len(t) == 1}
+        special_symbols = set(self._byte_tokens) | {self.unk_token}
+        self._cut_parts = not any(a in special_symbols or b in special_symbols for a, b in merges)
+        crosses = any(x + SPACE_MARK in self._bigrams for x in self._chars if x != SPACE_MARK)
+        self._chunk_re = _CHUNK_RE if SPACE_MARK in self.vocab and not crosses and self._cut_parts else None
         self._cache: dict[str, tuple[int, ...]] = {}
         self._cache_cfg = cache
-        self._byte_tokens = [f"<0x{b:02X}>" for b in range(256)]
 
     def tokenize(self, word: str) -> list[int]:
         """Ids of one pre-token."""
@@ -85,17 +94,33 @@ class BpeModel:
         return list(chain.from_iterable([get(c) or word_ids(c) for c in self._chunk_re.findall(word)]))
 
     def word_ids(self, word: str) -> tuple[int, ...]:
-        """Ids of one chunk (cached). A chunk is never empty, so its tuple is never empty either."""
+        """Ids of `word` merged as a standalone word (cached). A word is never empty, nor is its tuple."""
         cached = self._cache.get(word)
         if cached is not None:
             return cached
-        vocab = self.vocab
-        ids = tuple([vocab[s] for s in merge(self._initial_symbols(word), self.ranks)])
+        parts = self._exact_parts(word) if self._cut_parts and len(word) > 1 else None
+        if parts is None:
+            vocab = self.vocab
+            ids = tuple([vocab[s] for s in merge(self._initial_symbols(word), self.ranks)])
+        else:
+            get, word_ids = self._cache.get, self.word_ids
+            ids = tuple(chain.from_iterable([get(p) or word_ids(p) for p in parts]))
         if len(word) <= self._cache_cfg.max_word_chars:
             if len(self._cache) >= self._cache_cfg.max_entries:
                 self._cache.clear()  # bounded memory; a refill costs one merge per distinct word
             self._cache[word] = ids
         return ids
+
+    def _exact_parts(self, word: str) -> list[str] | None:
+        """`word` cut at every exact boundary, or None when there is none. Unknown characters (byte fallback,
+        <unk> runs that fuse_unk joins) stay attached to their neighbours."""
+        bigrams, chars = self._bigrams, self._chars
+        cuts = [i for i in range(1, len(word))
+                if word[i - 1:i + 1] not in bigrams and word[i] in chars and word[i - 1] in chars]
+        if not cuts:
+            return None
+        bounds = [0, *cuts, len(word)]
+        return [word[a:b] for a, b in zip(bounds, bounds[1:])]
 
     def cache_size(self) -> int:
         return len(self._cache)

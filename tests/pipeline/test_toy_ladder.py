@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from toy import calls, doit, make_toy, ran, write
+from pipeline_toy import calls, doit, make_toy, ran, write
 
 pytestmark = pytest.mark.timeout(300)
 

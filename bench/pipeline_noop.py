@@ -1,0 +1,126 @@
+"""Time a no-op `doit` (everything up to date) over the ladder frame; print one JSON line.
+
+Three measurements, each the median of `--repeats` runs of a fresh `python -m doit` process:
+  - `frame_ladder_s`: a temporary project with all seven ladder stages declared through pipeline/ (StageSpec, code
+    digests, canonical configs, sqlite3 database, md5 checker), chained by file_dep, built once first;
+  - `bare_doit_s`: the same seven file tasks declared directly in a plain dodo (doit's own floor on this machine);
+  - `repo_s`: `doit` in this repository for profile tiny (whatever stages exist; run it after building them).
+Target: frame_ladder_s under 1 s.
+
+    .venv/bin/python bench/pipeline_noop.py [--repeats 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+LADDER = ("ingest", "shards", "sft_checkpoint", "ref_cache", "dpo_checkpoint", "grpo_checkpoint", "golden_eval")
+
+WORKER = """
+import os, sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from align.config import load_cli_config
+from align.utils.fsio import atomic_write_text
+
+@dataclass(frozen=True)
+class IO:
+    src: str = ""
+    dst: str = ""
+
+@dataclass(frozen=True)
+class Cfg:
+    io: IO = field(default_factory=IO)
+
+cfg = load_cli_config(Cfg)
+text = Path(cfg.io.src).read_text() if cfg.io.src else "seed"
+atomic_write_text(cfg.io.dst, text + "+")
+"""
+
+FRAME_DODO = """
+from pathlib import Path
+from pipeline.frame import install
+from pipeline.layout import Project
+from pipeline.stage import StageSpec
+
+LADDER = {ladder!r}
+def out(ctx, name):
+    return ctx.layout.runs / name / "out.txt"
+STAGES = [StageSpec(name=n, doc=f"bench {{n}}", worker="benchalign.worker", config=f"{{n}}.toml",
+                    file_dep=(lambda ctx, p=p: [out(ctx, p)]) if p else (lambda ctx: []),
+                    targets=lambda ctx, n=n: [out(ctx, n)])
+          for n, p in zip(LADDER, (None,) + LADDER[:-1])]
+install(globals(), project=Project(root=Path(__file__).resolve().parent, packages=("benchalign",)),
+        stages=STAGES, profile="bench")
+"""
+
+BARE_DODO = """
+DOIT_CONFIG = {{"backend": "sqlite3", "dep_file": "bare.sqlite3", "verbosity": 0}}
+LADDER = {ladder!r}
+def _mk(n, p):
+    def task():
+        return {{"actions": [f"echo x > bare_{{n}}.txt"], "file_dep": [f"bare_{{p}}.txt"] if p else [],
+                "targets": [f"bare_{{n}}.txt"], "doc": n, "uptodate": [True]}}
+    task.__name__ = "task_" + n
+    return task
+for _n, _p in zip(LADDER, (None,) + LADDER[:-1]):
+    globals()["task_" + _n] = _mk(_n, _p)
+"""
+
+
+def make_project(root: Path) -> None:
+    (root / "benchalign").mkdir()
+    (root / "benchalign" / "__init__.py").write_text("")
+    (root / "benchalign" / "worker.py").write_text(WORKER)
+    (root / "dodo.py").write_text(textwrap.dedent(FRAME_DODO.format(ladder=LADDER)))
+    (root / "bare.py").write_text(textwrap.dedent(BARE_DODO.format(ladder=LADDER)))
+    cfgs = root / "configs" / "bench"
+    cfgs.mkdir(parents=True)
+    (cfgs / "common.toml").write_text("[run]\nseed = 1\n")
+    for name, prev in zip(LADDER, (None,) + LADDER[:-1]):
+        src = f"runs/bench/{prev}/out.txt" if prev else ""
+        (cfgs / f"{name}.toml").write_text(f'[io]\nsrc = "{src}"\ndst = "runs/bench/{name}/out.txt"\n')
+
+
+def time_doit(args: list[str], cwd: Path, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        res = subprocess.run([sys.executable, "-m", "doit", *args], cwd=cwd, capture_output=True, text=True)
+        times.append(time.perf_counter() - t0)
+        if res.returncode != 0 or "\n." in "\n" + res.stdout:  # "." marks a task that ran: not a no-op
+            raise SystemExit(f"doit {' '.join(args)} in {cwd} was not a no-op:\n{res.stdout}\n{res.stderr}")
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    ns = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        make_project(root)
+        for dodo in ("dodo.py", "bare.py"):  # the first build
+            res = subprocess.run([sys.executable, "-m", "doit", "-f", dodo], cwd=root, capture_output=True, text=True)
+            if res.returncode != 0:
+                raise SystemExit(f"first build of {dodo} failed:\n{res.stdout}\n{res.stderr}")
+        frame = time_doit(["-f", "dodo.py"], root, ns.repeats)
+        bare = time_doit(["-f", "bare.py"], root, ns.repeats)
+    repo = time_doit(["-f", str(REPO / "dodo.py"), "profile=tiny"], REPO, ns.repeats)
+    print(json.dumps({"bench": "pipeline_noop", "stages": len(LADDER), "frame_ladder_s": round(frame, 3),
+                      "bare_doit_s": round(bare, 3), "repo_s": round(repo, 3), "target_s": 1.0,
+                      "repeats": ns.repeats, "cpus": os.cpu_count(), "python": sys.version.split()[0]}))
+
+
+if __name__ == "__main__":
+    main()

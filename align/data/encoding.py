@@ -1,0 +1,78 @@
+"""Records to token sequences: the chat template is applied here, once, and the loss mask is built with the ids.
+
+Each record becomes `seqs_per_row` sequences of (ids, loss_mask):
+- sft: the conversation (mask 1 on assistant tokens and their `</s>`).
+- pairs: two sequences, prompt + chosen reply and prompt + rejected reply (mask 1 on the reply and its `</s>`).
+- prompts: the prompt up to and including `[/INST]` (mask all 0), the gold answer kept as text beside it.
+
+A sequence longer than `max_len` is dropped (counted) or truncated from the right, per `EncodingConfig.too_long`;
+a pair is dropped or kept whole, never with one arm alone."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from align.data.schema import Conversation, Message, OutcomePrompt, PreferencePair, Record
+
+SEQS_PER_ROW = {"sft": 1, "pairs": 2, "prompts": 1}
+
+
+@dataclass(frozen=True)
+class EncodingConfig:
+    """How records become sequences. `max_len` counts tokens, `<s>` and `</s>` included."""
+
+    max_len: int = 512
+    too_long: Literal["drop", "truncate"] = "drop"  # truncate keeps the first max_len tokens
+
+    def __post_init__(self):
+        if self.max_len < 2:
+            raise ValueError(f"max_len must be >= 2, got {self.max_len}")
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """One row's sequences: ids and masks, same lengths, `seqs_per_row` of each."""
+
+    ids: tuple[np.ndarray, ...]
+    masks: tuple[np.ndarray, ...]
+    truncated: bool = False
+
+
+def _plain(messages: tuple[Message, ...]) -> list[dict]:
+    return [{"role": m.role, "content": m.content} for m in messages]
+
+
+def _sequences(tokenizer, record: Record) -> list[tuple[list[int], list[int]]]:
+    if isinstance(record, Conversation):
+        enc = tokenizer.encode_chat(_plain(record.messages))
+        return [(enc.ids, enc.loss_mask)]
+    if isinstance(record, PreferencePair):
+        out = []
+        for reply in (record.chosen, record.rejected):
+            enc = tokenizer.encode_chat(_plain(record.prompt) + [{"role": "assistant", "content": reply}])
+            out.append((enc.ids, enc.loss_mask))
+        return out
+    if isinstance(record, OutcomePrompt):
+        ids = tokenizer.encode_prompt(_plain(record.prompt))
+        return [(ids, [0] * len(ids))]
+    raise TypeError(f"not a record: {type(record).__name__}")
+
+
+def encode_record(tokenizer, record: Record, cfg: EncodingConfig) -> Encoded | None:
+    """The row's sequences, or None when a sequence is too long and the policy is to drop it."""
+    seqs = _sequences(tokenizer, record)
+    too_long = any(len(ids) > cfg.max_len for ids, _ in seqs)
+    if too_long and cfg.too_long == "drop":
+        return None
+    if too_long:
+        seqs = [(ids[:cfg.max_len], mask[:cfg.max_len]) for ids, mask in seqs]
+    return Encoded(tuple(np.asarray(ids, dtype=np.int64) for ids, _ in seqs),
+                   tuple(np.asarray(mask, dtype=np.uint8) for _, mask in seqs), truncated=too_long)
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """The narrowest unsigned type that holds every id (Mistral's 32,768 ids fit uint16: half the disk and cache)."""
+    return np.dtype(np.uint16) if vocab_size <= 2**16 else np.dtype(np.uint32)

@@ -1,0 +1,182 @@
+"""`BatchLoader`: the batches a training stage reads, sharded by rank, exactly resumable.
+
+The global stream: each epoch's rows in a seeded order (align.data.order), cut into micro-batches (fixed size or a
+token budget); the epochs follow each other without a gap. Optimizer step `s` consumes the G = world_size x
+grad_accum micro-batches at global positions [s*G, (s+1)*G); rank r takes positions s*G + a*world_size + r for
+a = 0..grad_accum-1. So the ranks' micro-batches are disjoint by construction and together are the whole stream
+(every epoch covered exactly once); every rank takes the same number of steps (a step that runs past the end of an
+epoch takes its last micro-batches from the next epoch's order), so no rank waits on a collective forever.
+
+NOTE: the seed-000 bug (every rank received the same stream, so N ranks averaged N identical gradients) cannot
+happen silently: `rank` and `world_size` default to torchrun's RANK / WORLD_SIZE, and values that contradict them
+(or an initialised process group) are refused.
+
+Resume: `state_dict()` after a step is consumed is {seed, epoch, offset (micro-batches of that epoch consumed
+globally), step, dataset digest, batching}; `load_state_dict` restarts at exactly that micro-batch.
+Different world size on resume: the global order is re-derived, never refused. The stream of micro-batches does not
+depend on the world size, so the run continues at the same global position; if world_size x grad_accum is
+unchanged every later optimizer step sees the same micro-batches as the uninterrupted run (the split across ranks
+differs). A change of the data, the seed or the batching (micro_batch_size, max_tokens, pad_to_multiple, shuffle)
+is refused: it would silently change the order."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+
+from align.config import to_dict
+from align.data.collate import collate
+from align.data.order import epoch_order, micro_batch_starts, round_up
+from align.data.store import ShardSet
+from align.exceptions import ArtifactError, ConfigError
+
+STATE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class LoaderConfig:
+    """Batching of one training stage. Rows are records (a pair counts as one row)."""
+
+    micro_batch_size: int = 8  # rows per micro-batch; with max_tokens, the most rows a micro-batch may hold
+    grad_accum: int = 1  # micro-batches per rank per optimizer step
+    max_tokens: int | None = None  # token budget: rows x padded width of a micro-batch stays <= this
+    shuffle: bool = True
+    pad_to_multiple: int = 1  # padded width rounded up to this (8 or 64 helps GPU kernels)
+    pad_id: int = 0  # id written under attention_mask False (never attended, never a label)
+    num_epochs: int | None = None  # None: an endless stream (the trainer's step budget stops it)
+
+    def __post_init__(self):
+        for name in ("micro_batch_size", "grad_accum", "pad_to_multiple"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1 or unset, got {self.max_tokens}")
+        if self.num_epochs is not None and self.num_epochs < 1:
+            raise ValueError(f"num_epochs must be >= 1 or unset, got {self.num_epochs}")
+
+    def batching(self) -> dict:
+        """The fields that decide micro-batch boundaries: a resume must not change them."""
+        return {k: v for k, v in to_dict(self).items() if k not in ("grad_accum", "num_epochs", "pad_id")}
+
+
+@dataclass(frozen=True)
+class StepBatch:
+    """One optimizer step's data for this rank, with the global totals a token- or row-normalised loss needs."""
+
+    micro_batches: list[dict]
+    step: int
+    epoch: int  # epoch of this step's first micro-batch
+    global_rows: int  # rows in the whole step, all ranks
+    global_loss_tokens: int  # loss-mask tokens in the whole step, all ranks (0 for prompts)
+
+
+def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """The (rank, world_size) to shard by, checked against torchrun's environment and the process group."""
+    env_rank, env_world = os.environ.get("RANK"), os.environ.get("WORLD_SIZE")
+    facts: dict[str, tuple[int, int]] = {}
+    if env_rank is not None and env_world is not None:
+        facts["RANK/WORLD_SIZE"] = (int(env_rank), int(env_world))
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            facts["process group"] = (dist.get_rank(), dist.get_world_size())
+    except ImportError:  # pragma: no cover - torch is a runtime dependency
+        pass
+    default = next(iter(facts.values()), (0, 1))
+    chosen = (default[0] if rank is None else rank, default[1] if world_size is None else world_size)
+    for source, fact in facts.items():
+        if fact != chosen:
+            raise ConfigError(f"data loader: told rank {chosen[0]} of {chosen[1]}, but the {source} says rank "
+                              f"{fact[0]} of {fact[1]}; every rank would read the wrong part of the data")
+    if not 0 <= chosen[0] < chosen[1]:
+        raise ConfigError(f"data loader: rank {chosen[0]} outside [0, {chosen[1]})")
+    return chosen
+
+
+class BatchLoader:
+    """Iterate `StepBatch`es for this rank. See the module docstring for the order, sharding and resume rules."""
+
+    def __init__(self, shards: ShardSet, cfg: LoaderConfig, seed: int, rank: int | None = None,
+                 world_size: int | None = None):
+        self.shards, self.cfg, self.seed = shards, cfg, seed
+        self.rank, self.world_size = resolve_rank(rank, world_size)
+        self.epoch, self.offset, self.step = 0, 0, 0
+        if len(shards) == 0:
+            raise ArtifactError(f"{shards.path}: the shard set has no rows")
+        self._lengths = shards.row_lengths
+        self._loss_tokens = shards.row_loss_tokens
+        if cfg.max_tokens is not None:
+            widest = int(self._lengths.max())
+            if round_up(widest, cfg.pad_to_multiple) > cfg.max_tokens:
+                row = int(self._lengths.argmax())
+                raise ConfigError(f"loader.max_tokens = {cfg.max_tokens} is below row {row} of {shards.path} "
+                                  f"({widest} tokens): no micro-batch could hold it")
+        self._plan_cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+    # ---- the global stream ---------------------------------------------------------------------------------------
+
+    def _plan(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """(order, micro-batch starts) of an epoch; the two most recent epochs are cached."""
+        if epoch not in self._plan_cache:
+            order = epoch_order(len(self.shards), self.seed, epoch, self.cfg.shuffle)
+            starts = micro_batch_starts(self._lengths[order], self.cfg.micro_batch_size, self.cfg.max_tokens,
+                                        self.cfg.pad_to_multiple)
+            self._plan_cache = {e: p for e, p in self._plan_cache.items() if e >= epoch - 1}
+            self._plan_cache[epoch] = (order, starts)
+        return self._plan_cache[epoch]
+
+    def micro_batches_in_epoch(self, epoch: int) -> int:
+        return len(self._plan(epoch)[1]) - 1
+
+    def _global_step(self, epoch: int, offset: int) -> tuple[list[np.ndarray], int, int]:
+        """The rows of the next G micro-batches from (epoch, offset), and the cursor after them."""
+        out = []
+        for _ in range(self.world_size * self.cfg.grad_accum):
+            order, starts = self._plan(epoch)
+            if offset == len(starts) - 1:
+                epoch, offset = epoch + 1, 0
+                order, starts = self._plan(epoch)
+            out.append(order[starts[offset]:starts[offset + 1]])
+            offset += 1
+        return out, epoch, offset
+
+    def __iter__(self) -> Iterator[StepBatch]:
+        while self.cfg.num_epochs is None or self.epoch < self.cfg.num_epochs:
+            rows, epoch, offset = self._global_step(self.epoch, self.offset)
+            mine = rows[self.rank::self.world_size]  # position a*world_size + r within the step
+            every = np.concatenate(rows)
+            batch = StepBatch(
+                micro_batches=[collate(self.shards, r, self.cfg.pad_id, self.cfg.pad_to_multiple) for r in mine],
+                step=self.step, epoch=self.epoch, global_rows=len(every),
+                global_loss_tokens=int(self._loss_tokens[every].sum()))
+            # advance before yielding: state_dict() taken after the step was trained resumes at the next one
+            self.epoch, self.offset, self.step = epoch, offset, self.step + 1
+            if offset == self.micro_batches_in_epoch(epoch):
+                self.epoch, self.offset = epoch + 1, 0
+            yield batch
+
+    # ---- resume --------------------------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        return {"version": STATE_VERSION, "seed": self.seed, "epoch": self.epoch, "offset": self.offset,
+                "step": self.step, "dataset": self.shards.digest, "rows": len(self.shards),
+                "batching": self.cfg.batching(), "world_size": self.world_size, "grad_accum": self.cfg.grad_accum}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue exactly where `state` was taken (any world size; see the module docstring)."""
+        if state.get("version") != STATE_VERSION:
+            raise ArtifactError(f"loader state version {state.get('version')!r}, this code reads {STATE_VERSION}")
+        checks = (("dataset", state["dataset"], self.shards.digest, "the shard set differs"),
+                  ("seed", state["seed"], self.seed, "the seed differs"),
+                  ("batching", state["batching"], self.cfg.batching(), "micro-batch boundaries would differ"))
+        for name, saved, current, why in checks:
+            if saved != current:
+                raise ArtifactError(f"loader state: {name} was {saved!r}, now {current!r} ({why}); resuming would "
+                                    f"not continue the same data order. Start a fresh run or restore the {name}.")
+        if not 0 <= state["offset"] <= self.micro_batches_in_epoch(state["epoch"]):
+            raise ArtifactError(f"loader state: offset {state['offset']} outside epoch {state['epoch']}")
+        self.epoch, self.offset, self.step = state["epoch"], state["offset"], state["step"]

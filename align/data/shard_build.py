@@ -1,0 +1,142 @@
+"""Build a token shard set from an ingest artifact: the `shards:<split>` stage's library half.
+
+Work is split by the records file's row groups (`row_groups_per_shard` of them make one shard) and tokenised by a
+process pool (spawned, so a parent that imported torch is never forked). Each shard is written into a build
+directory beside the target and marked done (`.shard-NNNNN.done`) only after its files are complete; a rerun after
+a crash reuses the done shards of the same build identity (same records, tokenizer and encoding config) and
+tokenises only the rest. The manifest is written last and the directory is published by rename.
+
+Shard order and contents depend only on the inputs, never on the number of workers."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, field
+from multiprocessing import get_context
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from align.config import config_digest, to_dict
+from align.data.encoding import SEQS_PER_ROW, EncodingConfig, encode_record, token_dtype
+from align.data.ingest_parquet import MANIFEST_KIND as RECORDS_KIND
+from align.data.ingest_parquet import RECORDS
+from align.data.schema import from_row
+from align.data.store import FORMAT_VERSION, KIND, ShardStats, shard_name, write_shard
+from align.tokenizer import Tokenizer, TokenizerConfig
+from align.utils.fsio import atomic_write_json, publish_dir
+from align.utils.manifest import manifest_digest, read_manifest, write_manifest
+
+BUILD_SUFFIX = ".building"
+IDENTITY = ".build.json"
+
+
+@dataclass(frozen=True)
+class ShardBuildConfig:
+    encoding: EncodingConfig = field(default_factory=EncodingConfig)
+    workers: int = 2  # processes; 1 builds in this process
+    row_groups_per_shard: int = 1
+
+    def __post_init__(self):
+        if self.workers < 1 or self.row_groups_per_shard < 1:
+            raise ValueError("workers and row_groups_per_shard must be >= 1")
+
+
+@dataclass(frozen=True)
+class _Job:
+    index: int
+    records: str
+    row_groups: tuple[int, ...]
+    kind: str
+    build_dir: str
+    encoding: EncodingConfig
+    tokenizer: TokenizerConfig
+
+
+_TOKENIZERS: dict[TokenizerConfig, Tokenizer] = {}
+
+
+def _tokenizer(cfg: TokenizerConfig) -> Tokenizer:
+    # One tokenizer per worker process, reused across its jobs (loading parses a 2 MB JSON; its word cache warms).
+    if cfg not in _TOKENIZERS:
+        _TOKENIZERS[cfg] = Tokenizer.from_config(cfg)
+    return _TOKENIZERS[cfg]
+
+
+def build_one(job: _Job) -> ShardStats:
+    """Tokenise one shard's row groups and write its files, then its done marker (last)."""
+    tok = _tokenizer(job.tokenizer)
+    table = pq.ParquetFile(job.records).read_row_groups(list(job.row_groups))
+    encoded, metas, dropped = [], [], 0
+    for row in table.to_pylist():
+        record = from_row(job.kind, row)
+        enc = encode_record(tok, record, job.encoding)
+        if enc is None:
+            dropped += 1
+            continue
+        encoded.append(enc)
+        metas.append({"id": row["id"], "group": row["group"], "content_hash": row["content_hash"],
+                      "gold": row.get("gold")})
+    build_dir = Path(job.build_dir)
+    name = shard_name(job.index)
+    stats = write_shard(build_dir, name, encoded, metas, token_dtype(tok.vocab_size), dropped)
+    atomic_write_json(build_dir / f".{name}.done", asdict(stats))
+    return stats
+
+
+def _prepare_build_dir(build_dir: Path, identity: dict) -> dict[int, ShardStats]:
+    """Reuse a crashed build of the same identity (its done shards); otherwise start empty."""
+    marker = build_dir / IDENTITY
+    if build_dir.is_dir() and marker.is_file() and json.loads(marker.read_text()) == identity:
+        done = {}
+        for path in build_dir.glob(".shard-*.done"):
+            done[int(path.name[len(".shard-"):-len(".done")])] = ShardStats(**json.loads(path.read_text()))
+        return done
+    shutil.rmtree(build_dir, ignore_errors=True)
+    build_dir.mkdir(parents=True)
+    atomic_write_json(marker, identity)
+    return {}
+
+
+def _run_jobs(jobs: list[_Job], workers: int) -> dict[int, ShardStats]:
+    if workers == 1 or len(jobs) <= 1:
+        return {job.index: build_one(job) for job in jobs}
+    with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=get_context("spawn")) as pool:
+        return dict(zip((job.index for job in jobs), pool.map(build_one, jobs)))
+
+
+def build_shards(records_dir: str | Path, out_dir: str | Path, tokenizer: TokenizerConfig,
+                 cfg: ShardBuildConfig = ShardBuildConfig()) -> dict:
+    """Tokenise the ingest artifact at `records_dir` into a shard set at `out_dir`. Returns the manifest."""
+    records_dir, out_dir = Path(records_dir), Path(out_dir)
+    ingest = read_manifest(records_dir, kind=RECORDS_KIND)
+    kind = ingest["record_kind"]
+    tok = _tokenizer(tokenizer)
+    records = records_dir / RECORDS
+    n_groups = pq.ParquetFile(records).num_row_groups
+    per = cfg.row_groups_per_shard
+    groups = [tuple(range(i, min(i + per, n_groups))) for i in range(0, n_groups, per)]
+    identity = {"records": manifest_digest(records_dir), "tokenizer": tok.content_hash,
+                "encoding": config_digest(cfg.encoding), "row_groups_per_shard": per, "format": FORMAT_VERSION}
+    build_dir = out_dir.with_name(out_dir.name + BUILD_SUFFIX)
+    done = _prepare_build_dir(build_dir, identity)
+    jobs = [_Job(i, str(records), g, kind, str(build_dir), cfg.encoding, tokenizer)
+            for i, g in enumerate(groups) if i not in done]
+    stats = {**done, **_run_jobs(jobs, cfg.workers)}
+    for path in [build_dir / IDENTITY, *build_dir.glob(".shard-*.done")]:
+        path.unlink()  # build bookkeeping is not part of the artifact
+    ordered = [stats[i] for i in range(len(groups))]
+    totals = {key: sum(getattr(s, key) for s in ordered) for key in ShardStats.__dataclass_fields__}
+    manifest = write_manifest(build_dir, KIND, inputs={"records": identity["records"],
+                                                       "tokenizer.json": tok.content_hash}, extra={
+        "format_version": FORMAT_VERSION, "record_kind": kind, "seqs_per_row": SEQS_PER_ROW[kind],
+        "token_dtype": token_dtype(tok.vocab_size).name, "encoding": to_dict(cfg.encoding),
+        "tokenizer": {"content_hash": tok.content_hash, "vocab_size": tok.vocab_size, "bos_id": tok.bos_id,
+                      "eos_id": tok.eos_id},
+        "source": ingest.get("source"), "shards": [{"name": shard_name(i), "rows": s.rows, "tokens": s.tokens}
+                                                   for i, s in enumerate(ordered)],
+        "reused_shards": len(done), **totals})
+    publish_dir(build_dir, out_dir)
+    return manifest

@@ -1,0 +1,62 @@
+"""Typed configs of the inference engine: `SamplingParams` (one per request) and `EngineConfig` (one per engine).
+
+Both are frozen dataclasses so a TOML table maps onto them (align.config) and so nothing mutates a request's
+parameters after the engine has accepted it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one request is decoded. Warpers apply in transformers' order: temperature, then top-k, then top-p."""
+
+    temperature: float = 1.0  # 0.0 = greedy (argmax); its sampling log-prob is 0 (a point mass)
+    top_k: int = 0  # 0 = off; else keep the k highest logits (ties at the k-th value are kept, as transformers)
+    top_p: float = 1.0  # 1.0 = off; else the smallest set of tokens whose probability reaches top_p
+    max_new_tokens: int = 128
+    stop_token_ids: tuple[int, ...] = ()  # a sampled stop token ends the sequence and is part of its output
+
+    def __post_init__(self):
+        problems = []
+        if not self.temperature >= 0.0:
+            problems.append(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            problems.append(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            problems.append(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.max_new_tokens < 1:
+            problems.append(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if problems:
+            raise ValueError("SamplingParams: " + "; ".join(problems))
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """KV cache geometry and scheduling limits of one `Engine`."""
+
+    block_size: int = 16  # tokens per KV block; prefix sharing works at this granularity
+    max_num_seqs: int = 256  # sequences running at once (decode batch size bound)
+    max_num_batched_tokens: int = 2048  # tokens processed per step: bounds prefill chunk size and step memory
+    max_model_len: int | None = None  # prompt + output bound; None = the model's max_position_embeddings
+    num_blocks: int | None = None  # KV blocks; None = enough for max_num_seqs full-length sequences, capped below
+    kv_cache_max_mb: int = 512  # cap on the automatically sized KV cache (the cache is zero-filled up front)
+    enable_prefix_caching: bool = True  # share computed prompt blocks between sequences with the same prefix
+    seed: int = 0  # base of the per-request seed for requests that bring none
+
+    def __post_init__(self):
+        problems = []
+        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "kv_cache_max_mb"):
+            if getattr(self, name) < 1:
+                problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            problems.append(f"max_model_len must be >= 2, got {self.max_model_len}")
+        if self.num_blocks is not None and self.num_blocks < 1:
+            problems.append(f"num_blocks must be >= 1, got {self.num_blocks}")
+        if problems:
+            raise ValueError("EngineConfig: " + "; ".join(problems))

@@ -1,0 +1,158 @@
+"""`Engine`: continuous-batching generation over an align Mistral model with a paged, prefix-shared KV cache.
+
+The facade only wires the parts (nano-vllm's split): `sequence` (state), `block_manager` (KV blocks and the prefix
+cache), `scheduler` (what runs next), `model_runner` (forward + sampling), `sampler` (tokens and log-probs).
+A request that cannot run (empty prompt, token ids outside the vocabulary, a prompt that fills the context, a
+request larger than the whole cache) gets an error result of its own; the others run as if it were not there."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Sequence as Seq
+
+import torch
+
+from align.inference.block_manager import BlockManager
+from align.inference.config import EngineConfig
+from align.inference.model_runner import ModelRunner
+from align.inference.scheduler import Scheduler
+from align.inference.sequence import GenerationRequest, GenerationResult, Sequence, derive_seed
+
+
+@dataclass
+class EngineStats:
+    """Counters since the engine was built (or `reset_stats`)."""
+
+    steps: int = 0
+    prompt_tokens: int = 0  # prompt tokens of admitted requests
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache instead of computed
+    computed_tokens: int = 0  # tokens run through the model (prefill chunks, decode, recomputation)
+    generated_tokens: int = 0
+    preemptions: int = 0
+    peak_blocks_used: int = 0
+    wall_s: float = 0.0
+
+
+class Engine:
+    def __init__(self, model: torch.nn.Module, config: EngineConfig = EngineConfig()):
+        self.config = config
+        self.model = model.eval()
+        mcfg = model.config
+        self.max_model_len = config.max_model_len or mcfg.max_position_embeddings
+        self.vocab_size = mcfg.vocab_size
+        num_blocks = config.num_blocks or self._auto_num_blocks(mcfg)
+        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(config, self.block_manager)
+        self.runner = ModelRunner(model, num_blocks, config.block_size)
+        self.weight_version = 0
+        self.stats = EngineStats()
+        self._next_seq_id = 0
+        self._calls = 0
+
+    def _auto_num_blocks(self, mcfg) -> int:
+        per_block = ModelRunner.bytes_per_block(mcfg, self.config.block_size, self.model.lm_head.weight.dtype)
+        wanted = self.config.max_num_seqs * -(-self.max_model_len // self.config.block_size)
+        return max(1, min(wanted, self.config.kv_cache_max_mb * 2**20 // per_block))
+
+    # ------------------------------------------------------------------------------------------------ requests
+
+    def validate(self, req: GenerationRequest) -> str | None:
+        """Why this request cannot run, or None."""
+        prompt = req.prompt_ids
+        if len(prompt) == 0:
+            return "empty prompt"
+        bad = [t for t in prompt if not isinstance(t, int) or not 0 <= t < self.vocab_size]
+        if bad:
+            return f"prompt token {bad[0]!r} is not an int in [0, {self.vocab_size})"
+        if len(prompt) >= self.max_model_len:
+            return (f"prompt of {len(prompt)} tokens leaves no room to generate: max_model_len is "
+                    f"{self.max_model_len}")
+        longest = min(len(prompt) + req.params.max_new_tokens, self.max_model_len)
+        need = self.block_manager.blocks_for(longest)
+        if need > self.block_manager.num_blocks:
+            return (f"request needs up to {need} KV blocks of {self.config.block_size} tokens, the cache has "
+                    f"{self.block_manager.num_blocks}")
+        return None
+
+    def add_request(self, req: GenerationRequest, default_seed: int) -> Sequence:
+        seed = req.seed if req.seed is not None else default_seed
+        seq = Sequence(self._next_seq_id, list(req.prompt_ids), req.params, seed, self.max_model_len)
+        self._next_seq_id += 1
+        self.stats.prompt_tokens += seq.num_prompt_tokens
+        self.scheduler.add(seq)
+        return seq
+
+    # ------------------------------------------------------------------------------------------------ stepping
+
+    def step(self) -> list[Sequence]:
+        """One scheduled forward + sampling; returns the sequences that finished in it."""
+        plan = self.scheduler.schedule()
+        if not plan:
+            raise RuntimeError("engine stalled: unfinished sequences but nothing schedulable (a bug)")
+        self.stats.peak_blocks_used = max(self.stats.peak_blocks_used, self.block_manager.num_used_blocks)
+        self.runner.copy_blocks(plan.copies)
+        inputs = self.runner.prepare(plan)
+        hidden = self.runner.forward(inputs)
+        to_sample = self.scheduler.advance(plan)
+        finished = []
+        if to_sample:
+            tokens, logprobs, model_logprobs = self.runner.sample(hidden, inputs.sample_seqs)
+            for seq, tok, lp, mlp in zip(inputs.sample_seqs, tokens, logprobs, model_logprobs):
+                if seq.append_token(tok, lp, mlp):
+                    finished.append(seq)
+        self.scheduler.finish(finished)
+        self.stats.steps += 1
+        self.stats.computed_tokens += sum(plan.num_tokens)
+        self.stats.generated_tokens += len(to_sample)
+        self.stats.preemptions = self.scheduler.num_preemptions
+        self.stats.cached_tokens = self.block_manager.num_cached_tokens
+        return finished
+
+    def generate(self, requests: Seq[GenerationRequest]) -> list[GenerationResult]:
+        """Run every request to completion; results in request order."""
+        t0 = time.perf_counter()
+        self._calls += 1
+        results: list[GenerationResult | None] = [None] * len(requests)
+        seqs: dict[int, tuple[int, Sequence]] = {}
+        for i, req in enumerate(requests):
+            error = self.validate(req)
+            if error is not None:
+                results[i] = GenerationResult(req.request_id, list(req.prompt_ids), [], [], [], "error", error)
+            else:
+                seq = self.add_request(req, derive_seed(self.config.seed, self._calls, i))
+                seqs[seq.seq_id] = (i, seq)
+        while self.scheduler.has_unfinished():
+            self.step()
+        for i, seq in seqs.values():
+            req = requests[i]
+            results[i] = GenerationResult(req.request_id, list(req.prompt_ids), seq.output_ids, seq.logprobs,
+                                          seq.model_logprobs, seq.finish_reason)
+        self.stats.wall_s += time.perf_counter() - t0
+        return results
+
+    # ------------------------------------------------------------------------------------------------ weights
+
+    @torch.no_grad()
+    def load_weights(self, state_dict: dict[str, torch.Tensor], version: int | None = None) -> int:
+        """Copy new weights into the running model in place (no checkpoint round trip); returns the new version.
+
+        Every key must match a parameter of the model by name and shape. Cached prefixes are dropped: their K/V
+        were computed by the old weights."""
+        if self.scheduler.has_unfinished():
+            raise RuntimeError("load_weights while sequences are in flight: finish or collect them first")
+        params = dict(self.model.named_parameters(remove_duplicate=False))  # both names of a tied weight
+        unknown = sorted(set(state_dict) - set(params))
+        given = {id(params[k]) for k in state_dict if k in params}
+        missing = sorted(k for k, p in params.items() if id(p) not in given)
+        if unknown or missing:
+            raise KeyError(f"load_weights: unknown keys {unknown[:5]}, missing keys {missing[:5]}")
+        for name, tensor in state_dict.items():
+            if tuple(tensor.shape) != tuple(params[name].shape):
+                raise ValueError(f"load_weights: {name} has shape {tuple(tensor.shape)}, the model "
+                                 f"{tuple(params[name].shape)}")
+        for name, tensor in state_dict.items():
+            params[name].copy_(tensor)
+        self.block_manager.reset_prefix_cache()
+        self.weight_version = self.weight_version + 1 if version is None else version
+        return self.weight_version

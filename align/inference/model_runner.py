@@ -1,0 +1,131 @@
+"""Runs an align Mistral model over one scheduled step with the paged KV cache, then samples.
+
+The step's tokens from all sequences are one flat (N, D) batch: embeddings, norms, projections, MLPs and RoPE
+are per token, so they run on exactly the real tokens with no padding. Only attention looks across tokens, and it
+goes through `paged_attention` per query-shape group. Decoding sequences are laid out first so their group is a
+contiguous slice. The model's own submodules are called (`input_layernorm`, `self_attn.qkv`, `o_proj`, `mlp`,
+`model.norm`, `lm_head`), so the engine computes the same function as `MistralForCausalLM.forward`.
+
+Logits are only computed for the rows that sample, in chunks of rows: a (16, 32k) fp32 block stays in cache for the
+several passes sampling makes over it, and the full (rows, vocab) tensor never exists."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from align.inference.paged_attention import AttnGroup, build_group, group_attention, write_kv
+from align.inference.sampler import RowParams, sample
+from align.inference.scheduler import StepPlan
+from align.inference.sequence import Sequence
+
+SAMPLE_CHUNK_ROWS = 16
+
+
+@dataclass(frozen=True)
+class StepInputs:
+    input_ids: torch.Tensor  # (N,) int64
+    positions: torch.Tensor  # (N,) int64
+    slots: torch.Tensor  # (N,) int64: cache slot of each token
+    groups: tuple[AttnGroup, ...]
+    sample_index: torch.Tensor  # (S,) int64: flat index of the last token of each sequence that samples
+    sample_seqs: list[Sequence]
+
+
+class ModelRunner:
+    def __init__(self, model: torch.nn.Module, num_blocks: int, block_size: int):
+        cfg = model.config
+        self.model = model
+        self.block_size = block_size
+        self.sliding_window = cfg.sliding_window
+        weight = model.model.embed_tokens.weight
+        self.device = weight.device
+        shape = (cfg.num_hidden_layers, num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim)
+        # NOTE: zeros, not empty: a masked-out key still enters SDPA, and a NaN from uninitialised memory there
+        # turns 0 * NaN into NaN in the output.
+        self.k_cache = torch.zeros(shape, dtype=weight.dtype, device=self.device)
+        self.v_cache = torch.zeros(shape, dtype=weight.dtype, device=self.device)
+
+    @staticmethod
+    def bytes_per_block(cfg, block_size: int, dtype: torch.dtype) -> int:
+        elem = torch.empty((), dtype=dtype).element_size()
+        return 2 * cfg.num_hidden_layers * block_size * cfg.num_key_value_heads * cfg.head_dim * elem
+
+    def prepare(self, plan: StepPlan) -> StepInputs:
+        bs = self.block_size
+        order = sorted(range(len(plan)), key=lambda i: plan.num_tokens[i] != 1)  # decoders first (stable)
+        ids, pos, slots, sample_index, sample_seqs = [], [], [], [], []
+        rows: list[list[tuple]] = [[], []]  # (start, n, table) per group: decode, multi-token
+        for i in order:
+            seq, n = plan.seqs[i], plan.num_tokens[i]
+            start, table = seq.num_computed_tokens, seq.block_table
+            ids.extend(seq.tokens[start:start + n])
+            for p in range(start, start + n):
+                pos.append(p)
+                slots.append(table[p // bs] * bs + p % bs)
+            if start + n == seq.num_tokens:
+                sample_index.append(len(ids) - 1)
+                sample_seqs.append(seq)
+            rows[n != 1].append((start, n, table))
+        groups, offset = [], 0
+        for members in rows:
+            if members:
+                n_tok = sum(m[1] for m in members)
+                starts, lengths, tables = zip(*members)
+                groups.append(build_group(list(starts), list(lengths), list(tables), bs,
+                                          slice(offset, offset + n_tok), self.sliding_window, self.device))
+                offset += n_tok
+        as_long = lambda x: torch.tensor(x, dtype=torch.int64, device=self.device)  # noqa: E731
+        return StepInputs(as_long(ids), as_long(pos), as_long(slots), tuple(groups), as_long(sample_index),
+                          sample_seqs)
+
+    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        if copies:
+            src = torch.tensor([c[0] for c in copies], device=self.device)
+            dst = torch.tensor([c[1] for c in copies], device=self.device)
+            self.k_cache[:, dst] = self.k_cache[:, src]
+            self.v_cache[:, dst] = self.v_cache[:, src]
+
+    @torch.inference_mode()
+    def forward(self, inputs: StepInputs) -> torch.Tensor:
+        """Run all layers over the step's tokens; return final-normed hidden states of the sampling rows (S, D)."""
+        m = self.model.model
+        hidden = m.embed_tokens(inputs.input_ids)  # (N, D)
+        rope = m.layers[0].self_attn.rope(inputs.positions, hidden.dtype) if len(m.layers) else None
+        for i, layer in enumerate(m.layers):
+            attn = layer.self_attn
+            q, k, v = attn.qkv(layer.input_layernorm(hidden), rope=rope)  # (N, H, Dh), (N, KVH, Dh) x2
+            write_kv(self.k_cache[i], self.v_cache[i], inputs.slots, k, v)
+            out = torch.empty_like(q)
+            for g in inputs.groups:
+                out[g.token_slice] = group_attention(q[g.token_slice], self.k_cache[i], self.v_cache[i], g)
+            hidden = hidden + attn.o_proj(out.flatten(1))  # (N, H * Dh) -> (N, D)
+            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+        return m.norm(hidden[inputs.sample_index])
+
+    @torch.inference_mode()
+    def sample(self, hidden: torch.Tensor, seqs: list[Sequence]) -> tuple[list[int], list[float], list[float]]:
+        """Logits and a token for each sampling row, SAMPLE_CHUNK_ROWS rows at a time."""
+        params = _row_params(seqs, self.device)
+        weight = self.model.lm_head.weight
+        tokens, logprobs, model_logprobs = [], [], []
+        for lo in range(0, hidden.shape[0], SAMPLE_CHUNK_ROWS):
+            rows = slice(lo, lo + SAMPLE_CHUNK_ROWS)
+            logits = F.linear(hidden[rows], weight).float()  # (rows, V), as lm_head
+            tok, lp, mlp = sample(logits, params.rows(rows))
+            tokens += tok.tolist()
+            logprobs += lp.tolist()
+            model_logprobs += mlp.tolist()
+        return tokens, logprobs, model_logprobs
+
+
+def _row_params(seqs: list[Sequence], device) -> RowParams:
+    ps = [s.params for s in seqs]
+    return RowParams(
+        temperature=torch.tensor([p.temperature for p in ps], dtype=torch.float32, device=device),
+        top_k=torch.tensor([p.top_k for p in ps], dtype=torch.int64, device=device),
+        top_p=torch.tensor([p.top_p for p in ps], dtype=torch.float32, device=device),
+        uniforms=torch.tensor([s.next_uniform() for s in seqs], dtype=torch.float64, device=device),
+    )

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from itertools import chain
 
 from align.exceptions import ArtifactError
-from align.tokenizer.bpe_merge import merge
+from align.tokenizer.bpe_merge import ID_MASK, build_table, merge
 
 SPACE_MARK = "\u2581"
 # A chunk: a run of ▁ with the non-▁ characters after it, or non-▁ characters at the start of a pre-token.
@@ -56,11 +56,7 @@ class BpeModel:
         _refuse_unsupported(spec, source)
         self.vocab: dict[str, int] = dict(spec["vocab"])
         merges = parse_merges(spec.get("merges", []), source)
-        self.ranks: dict[tuple[str, str], int] = {}
-        for rank, (a, b) in enumerate(merges):
-            if a not in self.vocab or b not in self.vocab or a + b not in self.vocab:
-                raise ArtifactError(f"{source}: model.merges[{rank}] = {[a, b]!r} uses a token not in the vocab")
-            self.ranks[(a, b)] = rank  # NOTE: a duplicated pair keeps its last rank, as tokenizers' map does
+        self._table = build_table(_merge_ids(merges, self.vocab, source))
         self.unk_token: str | None = spec.get("unk_token")
         if self.unk_token is not None and self.unk_token not in self.vocab:
             raise ArtifactError(f"{source}: model.unk_token {self.unk_token!r} is not in the vocab")
@@ -70,11 +66,12 @@ class BpeModel:
         self._whole: dict[str, int] | None = None
         if spec.get("ignore_merges", False):
             self._whole = {t: i for t, i in self.vocab.items() if t not in protected}
-        self._byte_tokens = [f"<0x{b:02X}>" for b in range(256)]
+        self._byte_ids = [self.vocab.get(f"<0x{b:02X}>") for b in range(256)]
+        # single characters of the vocab -> id: the initial symbols of almost every word
+        self._chars = {t: i for t, i in self.vocab.items() if len(t) == 1}
         # two-character strings inside some merge result: a cut between x and y is exact iff "xy" is not here
         self._bigrams = {piece[i:i + 2] for a, b in merges for piece in (a + b,) for i in range(len(piece) - 1)}
-        self._chars = {t for t in self.vocab if len(t) == 1}
-        special_symbols = set(self._byte_tokens) | {self.unk_token}
+        special_symbols = {f"<0x{b:02X}>" for b in range(256)} | {self.unk_token}
         self._cut_parts = not any(a in special_symbols or b in special_symbols for a, b in merges)
         crosses = any(x + SPACE_MARK in self._bigrams for x in self._chars if x != SPACE_MARK)
         self._chunk_re = _CHUNK_RE if SPACE_MARK in self.vocab and not crosses and self._cut_parts else None
@@ -100,11 +97,13 @@ class BpeModel:
             return cached
         parts = self._exact_parts(word) if self._cut_parts and len(word) > 1 else None
         if parts is None:
-            vocab = self.vocab
-            ids = tuple([vocab[s] for s in merge(self._initial_symbols(word), self.ranks)])
-        else:
-            get, word_ids = self._cache.get, self.word_ids
-            ids = tuple(chain.from_iterable([get(p) or word_ids(p) for p in parts]))
+            return self._store(word, tuple(merge(self._initial_ids(word), self._table)))
+        get, table, initial, store = self._cache.get, self._table, self._initial_ids, self._store
+        # parts have no exact cut left: merge them directly (and cache them: they repeat across words)
+        ids = tuple(chain.from_iterable([get(p) or store(p, tuple(merge(initial(p), table))) for p in parts]))
+        return self._store(word, ids)
+
+    def _store(self, word: str, ids: tuple[int, ...]) -> tuple[int, ...]:
         if len(word) <= self._cache_cfg.max_word_chars:
             if len(self._cache) >= self._cache_cfg.max_entries:
                 self._cache.clear()  # bounded memory; a refill costs one merge per distinct word
@@ -115,8 +114,8 @@ class BpeModel:
         """`word` cut at every exact boundary, or None when there is none. Unknown characters (byte fallback,
         <unk> runs that fuse_unk joins) stay attached to their neighbours."""
         bigrams, chars = self._bigrams, self._chars
-        cuts = [i for i in range(1, len(word))
-                if word[i - 1:i + 1] not in bigrams and word[i] in chars and word[i - 1] in chars]
+        cuts = [i for i in range(1, len(word)) if word[i - 1:i + 1] not in bigrams]
+        cuts = [i for i in cuts if word[i] in chars and word[i - 1] in chars]
         if not cuts:
             return None
         bounds = [0, *cuts, len(word)]
@@ -125,28 +124,47 @@ class BpeModel:
     def cache_size(self) -> int:
         return len(self._cache)
 
-    def _initial_symbols(self, word: str) -> list[str]:
-        vocab = self.vocab
-        symbols: list[str] = []
+    def _initial_ids(self, word: str) -> list[int]:
+        chars = self._chars
+        try:
+            return [chars[ch] for ch in word]
+        except KeyError:
+            return self._initial_ids_slow(word)
+
+    def _initial_ids_slow(self, word: str) -> list[int]:
+        """Per character: its token, else its UTF-8 bytes as <0xXX> tokens, else <unk> (one per run if fuse_unk)."""
+        chars = self._chars
+        ids: list[int] = []
         unk_open = False  # the last symbol is an unknown-token run that fuse_unk may extend
         for ch in word:
-            if ch in vocab:
-                symbols.append(ch)
+            if ch in chars:
+                ids.append(chars[ch])
                 unk_open = False
                 continue
             if self.byte_fallback:
-                pieces = [self._byte_tokens[b] for b in ch.encode("utf-8")]
-                if all(p in vocab for p in pieces):
-                    symbols.extend(pieces)
+                pieces = [self._byte_ids[b] for b in ch.encode("utf-8")]
+                if None not in pieces:
+                    ids.extend(pieces)
                     unk_open = False
                     continue
             if self.unk_token is None:
                 raise ValueError(f"{self._source}: character {ch!r} (U+{ord(ch):04X}) has no token, no byte "
                                  f"fallback and the model has no unk_token")
             if not (unk_open and self.fuse_unk):
-                symbols.append(self.unk_token)
+                ids.append(self.vocab[self.unk_token])
             unk_open = True
-        return symbols
+        return ids
+
+
+def _merge_ids(merges: list[tuple[str, str]], vocab: dict[str, int], source: str) -> list[tuple[int, int, int]]:
+    if vocab and max(vocab.values()) > ID_MASK:
+        raise NotImplementedError(f"{source}: token ids above {ID_MASK} (the merge table packs ids in 21 bits)")
+    out = []
+    for rank, (a, b) in enumerate(merges):
+        if a not in vocab or b not in vocab or a + b not in vocab:
+            raise ArtifactError(f"{source}: model.merges[{rank}] = {[a, b]!r} uses a token not in the vocab")
+        out.append((vocab[a], vocab[b], vocab[a + b]))
+    return out
 
 
 def _refuse_unsupported(spec: dict, source: str) -> None:

@@ -9,7 +9,7 @@ import re
 import pytest
 
 from align.tokenizer import BpeCacheConfig, Tokenizer
-from align.tokenizer.bpe_merge import merge_heap, merge_scan
+from align.tokenizer.bpe_merge import build_table, merge_heap, merge_scan
 from align.tokenizer.unicode_regex import translate
 
 
@@ -42,11 +42,14 @@ def random_merges(rng: random.Random, alphabet: str, n: int) -> dict:
 def test_scan_and_heap_agree_with_reference(seed):
     rng = random.Random(seed)
     ranks = random_merges(rng, "abc", 40)
+    merges = [pair for pair, _ in sorted(ranks.items(), key=lambda kv: kv[1])]
+    vocab = {p: i for i, p in enumerate(sorted({*"abc", *(a + b for a, b in merges)}))}
+    table = build_table([(vocab[a], vocab[b], vocab[a + b]) for a, b in merges])
     for _ in range(300):
         word = [rng.choice("abc") for _ in range(rng.randint(0, 40))]
-        expected = reference_merge(word, ranks)
-        assert merge_scan(list(word), ranks) == expected
-        assert merge_heap(list(word), ranks) == expected
+        expected = [vocab[p] for p in reference_merge(word, ranks)]
+        assert merge_scan([vocab[c] for c in word], table) == expected
+        assert merge_heap([vocab[c] for c in word], table) == expected
 
 
 def test_cache_is_bounded_and_skips_long_words():

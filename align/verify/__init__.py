@@ -22,11 +22,11 @@ def compare(gold: str, pred: str, config: VerifyConfig = DEFAULT_CONFIG) -> tupl
     try:
         g = read_answer(unbox(gold), config)
     except Unreadable as e:
-        return None, f"gold unreadable ({e})"
+        return None, f"gold unreadable ({type(e).__name__}: {e})"
     try:
         p = read_answer(unbox(pred), config)
     except Unreadable as e:
-        return False, f"prediction unreadable ({e})"
+        return False, f"prediction unreadable ({type(e).__name__}: {e})"
     try:
         same = values_equal(g, p, config, make_budget(config))
     except Unreadable as e:  # the comparison itself went over budget (huge cross-multiplication)
@@ -45,7 +45,7 @@ def why_unreadable(text: str, config: VerifyConfig = DEFAULT_CONFIG) -> str | No
         read_answer(unbox(text), config)
         return None
     except Unreadable as e:
-        return str(e)
+        return f"{type(e).__name__}: {e}"
 
 
 def is_readable(text: str, config: VerifyConfig = DEFAULT_CONFIG) -> bool:

@@ -59,25 +59,25 @@ def _parse(s: str, cfg: VerifyConfig) -> Value:
 
 
 @lru_cache(maxsize=16_384)
-def _read_cached(text: str, cfg: VerifyConfig) -> tuple[Value | None, str]:
+def _read_cached(text: str, cfg: VerifyConfig) -> tuple[Value | None, type[Unreadable], str]:
     try:
         if len(text) > cfg.max_answer_chars:
             raise OverBudget(f"answer over {cfg.max_answer_chars} characters")
         s = clean(unbox(text))
         if not s:
             raise Unreadable("empty answer")
-        return _parse(s, cfg), ""
+        return _parse(s, cfg), Unreadable, ""
     except Unreadable as e:
-        return None, f"{type(e).__name__}: {e}"
+        return None, type(e), str(e)
     except RecursionError:  # NOTE: only reachable if the caller's own stack is already deep; depth is capped.
-        return None, "OverBudget: recursion"
+        return None, OverBudget, "recursion"
     except (ArithmeticError, ValueError) as e:  # e.g. a float overflow in a bound check: unreadable, not a crash
-        return None, f"{type(e).__name__}: {e}"
+        return None, Unreadable, f"{type(e).__name__}: {e}"
 
 
 def read_answer(text: str, cfg: VerifyConfig) -> Value:
-    """The Value of one answer string; raises Unreadable (with the reason) when it cannot be checked."""
-    value, why = _read_cached(text, cfg)
+    """The Value of one answer string; raises Unreadable (OverBudget, Unsupported) saying why it cannot be checked."""
+    value, kind, why = _read_cached(text, cfg)
     if value is None:
-        raise Unreadable(why)
+        raise kind(why)
     return value

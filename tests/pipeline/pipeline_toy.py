@@ -30,7 +30,7 @@ FILES = {
                       config="ingest.toml", file_dep=lambda ctx: [ctx.layout.root / "data" / "in.txt"],
                       targets=lambda ctx: [ctx.run_dir / "out" / "manifest.json"]),
             StageSpec(name="shards", doc="count the characters", worker="toyalign.stages.shards",
-                      config="shards.toml", heavy=True,
+                      config="shards.toml", heavy=True, distributed=True,
                       file_dep=lambda ctx: [ctx.stage_dir("ingest") / "out" / "manifest.json"],
                       targets=lambda ctx: [ctx.run_dir / "out" / "manifest.json"]),
         ]
@@ -62,8 +62,11 @@ FILES = {
         def run(stage, transform, source):
             cfg = load_cli_config(ToyConfig)
             run_dir = run_dir_from_env("runs/toy/" + stage)
+            rank = int(os.environ.get("RANK", "0"))  # set by torchrun; rank 0 publishes
             with open(Path(os.environ["ALIGN_RUNS_DIR"]) / "calls.log", "a") as f:
-                f.write(stage + "\\n")
+                f.write((stage if rank == 0 else f"{stage}@{rank}") + "\\n")
+            if rank != 0:
+                return 0
             out = run_dir / "out"
             staging = staging_dir(out)
             (staging / "data.txt").write_text(transform(Path(source(run_dir)).read_text(), cfg.job))
@@ -147,11 +150,11 @@ def write(root: Path, rel: str, text: str) -> None:
     atomic_write_text(root / rel, textwrap.dedent(text).lstrip())
 
 
-def doit(root: Path, *args: str, timeout: float = 120, **popen) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+def doit(root: Path, *args: str, timeout: float = 120, env_extra: dict | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", **(env_extra or {}))
     env.pop("ALIGN_HEAVY_LOCK", None)
     return subprocess.run([sys.executable, "-m", "doit", "-f", str(root / "dodo.py"), "profile=toy", *args],
-                          cwd=root, capture_output=True, text=True, env=env, timeout=timeout, **popen)
+                          cwd=root, capture_output=True, text=True, env=env, timeout=timeout)
 
 
 def calls(root: Path) -> list[str]:

@@ -174,3 +174,27 @@ def test_unknown_profile_and_missing_config(tmp_path):
     (root / "configs/toy/shards.toml").unlink()
     res = doit(root)
     assert res.returncode == 2 and "config file not found" in res.stderr and calls(root) == ["ingest"]
+
+
+def test_plain_doit_smoke_delegates_to_the_smoke_profile(tmp_path):
+    root = make_toy(tmp_path)
+    for src in (root / "configs/toy").iterdir():
+        write(root, f"configs/smoke/{src.name}", src.read_text())
+    res = subprocess.run([sys.executable, "-m", "doit", "-f", str(root / "dodo.py"), "profile=toy", "smoke"],
+                         cwd=root, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    summary = json.loads((root / "runs/smoke/receipts/smoke.json").read_text())
+    assert set(summary["tasks"]) == {"ingest", "shards"} and summary["tasks"]["shards"]["metrics"] == {"chars": 3}
+    assert "sft_checkpoint" in summary["stages_not_declared"]
+    assert not (root / "runs/toy/receipts").exists()  # profile toy itself was not built
+
+
+@pytest.mark.distributed
+def test_distributed_stage_launches_world_size_ranks(toy):
+    write(toy, "configs/toy/common.toml", "[run]\nworld_size = 2\n[lock]\npath = 'heavy.lock'\n"
+                                          "[preflight]\nmin_mem_available_gib = 0.01\n")
+    before = calls(toy)
+    res = doit(toy, env_extra={"OMP_NUM_THREADS": "1"})
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert sorted(ran(toy, before)) == ["shards", "shards@1"]  # a launch change reruns the stage, on 2 ranks
+    assert "torch.distributed.run" in json.loads((toy / "runs/toy/receipts/shards.json").read_text())["argv"]

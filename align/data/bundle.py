@@ -79,7 +79,9 @@ def _levels(rng: random.Random, n: int, mix: tuple[float, ...]) -> list[int]:
 def draw_splits(cfg: BundleConfig) -> dict[str, list[Problem]]:
     """Problems of each split. Each split has its own RNG stream, so resizing one split leaves the others intact."""
     eval_levels = [lvl for lvl in (1, 2, 3) for _ in range(cfg.n_eval_per_level)]
-    eval_problems = _unique_problems(random.Random(f"{cfg.seed}:eval"), eval_levels, set(), set(), unique_keys=True)
+    eval_rng = random.Random(f"{cfg.seed}:eval")
+    eval_problems = _unique_problems(eval_rng, eval_levels, set(), set(), unique_keys=True)
+    eval_rng.shuffle(eval_problems)  # levels interleaved: any prefix (a smoke profile's cut) mixes them
     banned = {p.key for p in eval_problems}
     splits = {"math_eval": eval_problems}
     for name, n in (("math_sft", cfg.n_sft), ("math_pairs", cfg.n_pairs), ("math_rl", cfg.n_rl)):

@@ -44,7 +44,8 @@ class SourceConfig:
     id_column: str | None = None  # None: ids are `<source>-<row>`
     group_column: str | None = None  # a stratum (difficulty level, subject); any type, stored as text
     max_reject_fraction: float = 0.01
-    batch_rows: int = 2048
+    batch_rows: int = 2048  # rows read per batch and written per row group (a shard build's unit of work)
+    max_rows: int | None = None  # read only the first max_rows rows (a smoke profile's cut)
 
     def __post_init__(self):
         if self.kind not in FORMATS[self.format].kinds:
@@ -54,6 +55,8 @@ class SourceConfig:
         if unknown:
             raise ValueError(f"columns: {unknown[0]!r} is not a column of format {self.format!r}; "
                              f"its columns: {', '.join(FORMATS[self.format].columns)}")
+        if self.batch_rows < 1 or (self.max_rows is not None and self.max_rows < 1):
+            raise ValueError("batch_rows and max_rows must be >= 1")
         if not 0.0 <= self.max_reject_fraction <= 1.0:
             raise ValueError(f"max_reject_fraction must be in [0, 1], got {self.max_reject_fraction}")
 
@@ -139,6 +142,8 @@ def _write_records(name: str, src: SourceConfig, pf: pq.ParquetFile, plan: dict[
     schema = NORMALISED[src.kind]
     with pq.ParquetWriter(str(target), schema, **WRITE_OPTIONS) as writer:
         for index, row in enumerate(iter_rows(pf, plan, path, src.batch_rows)):
+            if src.max_rows is not None and index >= src.max_rows:
+                break
             stats.rows_in += 1
             rid = str(row["_id"]) if row.get("_id") is not None else f"{name}-{index}"
             group = "" if row.get("_group") is None else str(row["_group"])

@@ -1,0 +1,37 @@
+"""ingest:<source>: one task per `[sources.<name>]` of configs/<profile>/ingest.toml."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from align.config import read_toml
+from align.exceptions import ConfigError
+from pipeline.layout import Layout, StageCtx
+from pipeline.stage import StageSpec
+
+
+def stage_table(layout: Layout, config: str, table: str) -> dict:
+    """A table of a stage config, read at task-creation time; {} when the file is missing or malformed (the task
+    then reports the config problem when it runs, and `doit list` still works)."""
+    try:
+        value = read_toml(layout.configs / config).get(table, {})
+    except ConfigError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _source_path(ctx: StageCtx) -> list[Path]:
+    source = stage_table(ctx.layout, "ingest.toml", "sources").get(ctx.variant, {})
+    return [ctx.layout.root / source["path"]] if isinstance(source, dict) and "path" in source else []
+
+
+STAGE = StageSpec(
+    name="ingest",
+    doc="parquet -> validated, de-duplicated records -> runs/<profile>/ingest/<source>/out/",
+    worker="align.stages.ingest",
+    config="ingest.toml",
+    variants=lambda layout: sorted(stage_table(layout, "ingest.toml", "sources")),
+    args=lambda ctx: [f"source={ctx.variant}"],
+    file_dep=_source_path,
+    targets=lambda ctx: [ctx.run_dir / "out" / "manifest.json"],
+)

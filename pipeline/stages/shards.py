@@ -1,0 +1,34 @@
+"""shards:<split>: one task per entry of `[splits]` in configs/<profile>/shards.toml (split -> ingest source)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from align.tokenizer.tokenizer import resolve_tokenizer_dir
+from pipeline.layout import StageCtx
+from pipeline.stage import StageSpec
+from pipeline.stages.ingest import stage_table
+
+
+def _inputs(ctx: StageCtx) -> list[Path]:
+    source = stage_table(ctx.layout, "shards.toml", "splits").get(ctx.variant)
+    tokenizer = stage_table(ctx.layout, "shards.toml", "tokenizer").get("path")
+    tokenizer_dir = resolve_tokenizer_dir(tokenizer)
+    if not tokenizer_dir.is_absolute():
+        tokenizer_dir = ctx.layout.root / tokenizer_dir
+    deps = [tokenizer_dir / "tokenizer.json"]
+    if isinstance(source, str):
+        deps.append(ctx.stage_dir("ingest", source) / "out" / "manifest.json")
+    return deps
+
+
+STAGE = StageSpec(
+    name="shards",
+    doc="records -> chat-templated token shards with loss masks -> runs/<profile>/shards/<split>/out/",
+    worker="align.stages.shards",
+    config="shards.toml",
+    variants=lambda layout: sorted(stage_table(layout, "shards.toml", "splits")),
+    args=lambda ctx: [f"split={ctx.variant}"],
+    file_dep=_inputs,
+    targets=lambda ctx: [ctx.run_dir / "out" / "manifest.json"],
+)

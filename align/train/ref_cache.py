@@ -198,3 +198,12 @@ def length_sorted_rows(lengths, batch_pairs: int, max_tokens: int | None = None)
         else:
             batches.append([row])
     return batches
+
+
+def cache_key(reference_dir: str | Path, shards_digest: str, tokenizer_hash: str, dtype: str) -> RefCacheKey:
+    """The key a builder writes and a reader expects, from the artifacts themselves (the same function on both
+    sides, so the two cannot drift). The matmul precision is the process's current setting."""
+    from align.model.checkpoint import checkpoint_content_hash
+
+    return RefCacheKey(reference=checkpoint_content_hash(reference_dir), shards=shards_digest,
+                       tokenizer=tokenizer_hash, dtype=dtype, matmul_precision=torch.get_float32_matmul_precision())

@@ -1,0 +1,152 @@
+"""`DpoTrainModule`: DPO on the TrainModule seam, with reference log-probs read from the cache, never computed.
+
+A preference batch (docs/CONTRACTS.md: chosen_/rejected_ input_ids, labels, attention_mask, and pair_index) is
+scored in ONE forward of the policy: the two arms are stacked to (2B, T) and the summed completion log-probs come
+from the fused chunked head (align.kernels.fused_dpo), so no [tokens, vocab] logits exist. The reference arm is a
+lookup by pair_index in an open `RefCache`; the reference model is not loaded during training.
+
+Normalisation on the seam: the loss unit is a pair. `loss` returns the SUM over the micro-batch's pairs of
+dpo_loss's per-pair mean, i.e. P * (mean_i l_i + alpha * nll); the TrainModule divides by the window's global pair
+count. The preference term is therefore exact over any accumulation window; the NLL term is the pair-weighted
+mean of each micro-batch's chosen-token mean (equal to TRL's token mean when a window is one micro-batch)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from align.exceptions import DataError
+from align.kernels.fused_dpo import IGNORE_INDEX, model_sequence_logprobs
+from align.train.dpo_loss import DpoLossConfig, dpo_loss
+from align.train.ref_cache import RefCache
+from align.train.train_module import LossOutput, TrainModule, TrainModuleConfig
+
+ARMS = ("chosen", "rejected")
+SUM_KEYS = ("pairs", "objective_sum", "pref_loss_sum", "nll_sum", "chosen_reward_sum", "rejected_reward_sum",
+            "margin_sum", "correct", "chosen_logps_sum", "rejected_logps_sum")
+
+
+@dataclass(frozen=True)
+class PairLogprobs:
+    chosen: torch.Tensor  # (B,) summed completion log-probs, differentiable when grad is on
+    rejected: torch.Tensor
+    chosen_tokens: torch.Tensor  # (B,) int64
+    rejected_tokens: torch.Tensor
+
+
+def stack_arms(batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Chosen rows then rejected rows, right-padded to one length: input_ids, attention_mask, labels, each (2B, T)."""
+    t = max(batch[f"{arm}_input_ids"].shape[1] for arm in ARMS)
+
+    def pad(key: str, value) -> torch.Tensor:
+        x = batch[key]
+        return F.pad(x, (0, t - x.shape[1]), value=value)
+
+    ids = torch.cat([pad(f"{a}_input_ids", 0) for a in ARMS])
+    mask = torch.cat([pad(f"{a}_attention_mask", False) for a in ARMS]).bool()
+    labels = torch.cat([pad(f"{a}_labels", IGNORE_INDEX) for a in ARMS])
+    return ids, mask, labels
+
+
+def pair_logprobs(model: nn.Module, batch: dict, chunk_size: int) -> PairLogprobs:
+    """One stacked forward of `model` over both arms of every pair in `batch`."""
+    ids, mask, labels = stack_arms(batch)  # shape: (2B, T)
+    seq = model_sequence_logprobs(model, ids, mask, labels, chunk_size=chunk_size)
+    chosen, rejected = seq.logps.chunk(2)
+    chosen_tokens, rejected_tokens = seq.tokens.chunk(2)
+    return PairLogprobs(chosen, rejected, chosen_tokens, rejected_tokens)
+
+
+def check_tokens_match(cache: RefCache, pair_index: torch.Tensor, scored: PairLogprobs) -> None:
+    """The cache's completion lengths must be the batch's: otherwise the cache was built from other shards."""
+    cached = cache.tokens(pair_index.cpu())
+    for arm, mine, theirs in zip(ARMS, (scored.chosen_tokens, scored.rejected_tokens), cached, strict=True):
+        bad = (mine.cpu() != theirs.long()).nonzero()
+        if bad.numel():
+            i = int(bad[0])
+            raise DataError(f"pair_index {int(pair_index[i])}: the batch has {int(mine[i])} {arm} completion tokens, "
+                            f"the reference cache {cache.path} has {int(theirs[i])}; cache and shards disagree")
+
+
+class DpoTrainModule(TrainModule):
+    """Sigmoid DPO (+ label smoothing, DPOP, NLL mix) against cached reference log-probs."""
+
+    def __init__(self, model: nn.Module, cfg: TrainModuleConfig, loss_cfg: DpoLossConfig, ref_cache: RefCache,
+                 total_steps: int, seed: int = 0):
+        self.loss_cfg, self.ref_cache = loss_cfg, ref_cache  # set before super().__init__: wrapping binds self.loss
+        super().__init__(model, cfg, total_steps, seed)
+
+    def loss(self, model: nn.Module, batch: dict) -> LossOutput:
+        policy = pair_logprobs(model, batch, self.loss_cfg.chunk_size)
+        check_tokens_match(self.ref_cache, batch["pair_index"], policy)
+        ref = self.ref_cache.lookup(batch["pair_index"].cpu())
+        dev = policy.chosen.device
+        out = dpo_loss(policy.chosen, policy.rejected, ref.chosen.to(dev), ref.rejected.to(dev), self.loss_cfg,
+                       chosen_tokens=policy.chosen_tokens)
+        pairs = float(policy.chosen.shape[0])
+        margins = out.chosen_rewards - out.rejected_rewards
+        values = (pairs, out.loss.detach() * pairs, out.per_pair.detach().sum(), out.nll * pairs,
+                  out.chosen_rewards.sum(), out.rejected_rewards.sum(), margins.sum(), (margins > 0).sum(),
+                  policy.chosen.detach().sum(), policy.rejected.detach().sum())
+        sums = {k: torch.as_tensor(v, dtype=torch.float32, device=dev) for k, v in zip(SUM_KEYS, values, strict=True)}
+        return LossOutput(loss=out.loss * pairs, sums=sums)
+
+    def loss_units(self, batch: dict) -> float:
+        return float(batch["pair_index"].numel())
+
+    def log_metrics(self, sums: dict[str, float]) -> dict[str, float]:
+        return dpo_window_metrics(sums)
+
+
+def dpo_window_metrics(sums: dict[str, float]) -> dict[str, float]:
+    """Per-pair means of a window's global sums (NaN for an empty window)."""
+    pairs = sums.get("pairs", 0.0)
+
+    def mean(key: str) -> float:
+        return sums[key] / pairs if pairs else float("nan")
+
+    return {"loss": mean("objective_sum"), "pref_loss": mean("pref_loss_sum"), "nll": mean("nll_sum"),
+            "rewards/chosen": mean("chosen_reward_sum"), "rewards/rejected": mean("rejected_reward_sum"),
+            "rewards/margin": mean("margin_sum"), "rewards/accuracy": mean("correct"),
+            "logps/chosen": mean("chosen_logps_sum"), "logps/rejected": mean("rejected_logps_sum"), "pairs": pairs}
+
+
+@torch.no_grad()
+def preference_eval(model: nn.Module, batches: Iterable[dict], chunk_size: int, beta: float,
+                    ref_cache: RefCache | None = None) -> dict[str, float]:
+    """Held-out preference metrics of `model` in eval mode.
+
+    `preference_accuracy`: fraction of pairs with log pi(y_c|x) > log pi(y_r|x), the model's own preference,
+    comparable between checkpoints (the SFT checkpoint's value comes from its reference cache alone).
+    With `ref_cache`: DPO's implicit-reward accuracy (rho_c > rho_r) and mean reward margin as well."""
+    was_training = model.training
+    model.eval()
+    n = correct = reward_correct = margin = 0.0
+    try:
+        for batch in batches:
+            scored = pair_logprobs(model, batch, chunk_size)
+            n += scored.chosen.shape[0]
+            correct += float((scored.chosen > scored.rejected).sum())
+            if ref_cache is not None:
+                check_tokens_match(ref_cache, batch["pair_index"], scored)
+                ref = ref_cache.lookup(batch["pair_index"].cpu())
+                m = beta * ((scored.chosen.cpu() - ref.chosen) - (scored.rejected.cpu() - ref.rejected))
+                reward_correct += float((m > 0).sum())
+                margin += float(m.sum())
+    finally:
+        model.train(was_training)
+    out = {"pairs": n, "preference_accuracy": correct / n if n else float("nan")}
+    if ref_cache is not None:
+        out.update({"reward_accuracy": reward_correct / n if n else float("nan"),
+                    "reward_margin": margin / n if n else float("nan")})
+    return out
+
+
+def cached_preference_accuracy(cache: RefCache) -> float:
+    """Preference accuracy of the reference (SFT) policy on the cached pairs: no model needed."""
+    rows = cache.all_rows()
+    return float((rows["chosen_logps"] > rows["rejected_logps"]).float().mean())

@@ -28,7 +28,7 @@ def compare(gold: str, pred: str, config: VerifyConfig = DEFAULT_CONFIG) -> tupl
     except Unreadable as e:
         return False, f"prediction unreadable ({type(e).__name__}: {e})"
     try:
-        same = values_equal(g, p, config, make_budget(config))
+        same = values_equal(g, p, config, make_budget(config, compare=True))
     except Unreadable as e:  # the comparison itself went over budget (huge cross-multiplication)
         return False, f"comparison refused ({e})"
     return same, "equal" if same else "different"

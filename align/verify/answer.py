@@ -13,7 +13,7 @@ from functools import lru_cache
 from align.verify import algebra as A
 from align.verify.config import VerifyConfig
 from align.verify.expr import Parser, as_scalar
-from align.verify.extract import find_boxes, final_group
+from align.verify.extract import final_group, find_boxes, join_group
 from align.verify.lexer import END, tokenize
 from align.verify.limits import Budget, OverBudget, Unreadable
 from align.verify.normalize import clean
@@ -25,8 +25,10 @@ _TEXT_ONLY = re.compile(r"\\text\{([^{}]*)\}")
 _LONG_WORD = re.compile(r"[a-zA-Z]{3,}")
 
 
-def make_budget(cfg: VerifyConfig) -> Budget:
-    return Budget(cfg.max_steps, cfg.max_bits, cfg.max_terms, cfg.max_radicand, cfg.max_digits)
+def make_budget(cfg: VerifyConfig, compare: bool = False) -> Budget:
+    """The work budget for reading one answer, or (compare=True) for comparing two read answers."""
+    steps = cfg.max_compare_steps if compare else cfg.max_steps
+    return Budget(steps, cfg.max_bits, cfg.max_terms, cfg.max_radicand, cfg.max_digits)
 
 
 def unbox(text: str) -> str:
@@ -36,8 +38,7 @@ def unbox(text: str) -> str:
     boxes = find_boxes(text)
     if not boxes:
         return text
-    contents = [b.content or "" for b in final_group(text, boxes)]
-    return contents[0] if len(contents) == 1 else "\\{" + ", ".join(contents) + "\\}"
+    return join_group([b.content or "" for b in final_group(text, boxes)])
 
 
 def _parse(s: str, cfg: VerifyConfig) -> Value:

@@ -26,6 +26,8 @@ class VerifyConfig:
     max_depth: int = 40
     # Parser/evaluator work units per answer (tokens consumed, terms multiplied); past it the answer is unreadable.
     max_steps: int = 4_000
+    # Work units for comparing two read answers (element pairs of two sets, cross-multiplications).
+    max_compare_steps: int = 40_000
     # Largest numerator/denominator (in bits) any intermediate value may have: `10^{10^{10}}` is refused at once.
     max_bits: int = 8_192
     # Digits in one numeric literal (Python refuses int() of > 4,300 digits; giant literals are refused first).
@@ -45,8 +47,8 @@ class VerifyConfig:
     rounded_gold_min_sig_digits: int = 3
 
     def __post_init__(self) -> None:
-        for name in ("max_response_chars", "max_answer_chars", "max_depth", "max_steps", "max_bits", "max_digits",
-                     "max_terms", "max_radicand"):
+        for name in ("max_response_chars", "max_answer_chars", "max_depth", "max_steps", "max_compare_steps",
+                     "max_bits", "max_digits", "max_terms", "max_radicand"):
             if getattr(self, name) < 1:
                 raise ValueError(f"VerifyConfig.{name} must be >= 1, got {getattr(self, name)!r}")
         if self.percent not in ("either", "fraction", "number"):

@@ -74,12 +74,10 @@ def find_boxes(text: str) -> list[Box]:
 
 def final_group(text: str, boxes: list[Box]) -> list[Box]:
     """The last box and the boxes directly before it that only separators divide from it."""
-    group = [boxes[-1]]
-    for prev in reversed(boxes[:-1]):
-        if not _SEPARATOR.fullmatch(text, prev.end, group[0].start):
-            break
-        group.insert(0, prev)
-    return group
+    first = len(boxes) - 1
+    while first > 0 and _SEPARATOR.fullmatch(text, boxes[first - 1].end, boxes[first].start):
+        first -= 1
+    return boxes[first:]
 
 
 def _fallback(text: str) -> str | None:
@@ -103,5 +101,10 @@ def extract(response: str, max_chars: int, fallback: bool = False) -> Extraction
     contents = [b.content for b in group]
     if any(c is None or not c.strip() for c in contents):
         return Extraction(None, len(boxes), "box")
-    answer = contents[0] if len(contents) == 1 else "\\{" + ", ".join(contents) + "\\}"
-    return Extraction(answer, len(boxes), "box")
+    return Extraction(join_group(contents), len(boxes), "box")
+
+
+def join_group(contents: list[str]) -> str:
+    """One answer from the contents of adjacent boxes: itself, or the set of the distinct contents."""
+    distinct = list(dict.fromkeys(c.strip() for c in contents))  # the same box repeated is one answer
+    return distinct[0] if len(distinct) == 1 else "\\{" + ", ".join(distinct) + "\\}"

@@ -37,7 +37,7 @@ hundreds thousand thousands million millions billion billions trillion dozen doz
 quarter quarters twice double triple wrong incorrect correct true false none all each per undefined infinity
 infinite impossible unknown answer solution is are was were
 """.split())
-_TRAILING_WORDS = re.compile(r"(?<=[0-9})\]])\s*(?:\\text\{([a-z][a-z -]*)\}|\s([a-zA-Z][a-zA-Z -]*))\s*$")
+_TRAILING_WORDS = re.compile(r"(?<=[0-9})\]])\s*(?:\\text\{([a-z][a-z -]{0,40})\}|\s([a-zA-Z][a-zA-Z -]{0,40}))\s*$")
 
 _UNICODE = str.maketrans({
     "\u2212": "-", "\u2013": "-", "\u2014": "-", "\u2010": "-", "\u2012": "-", "\ufe63": "-", "\uff0d": "-",
@@ -63,12 +63,12 @@ _BINOM = re.compile(r"\\[dt]binom(?![a-zA-Z])")
 _DEGREE = re.compile(r"\^\s*\{?\s*\\circ\s*\}?|\\circ(?![a-zA-Z])|\\degree(?![a-zA-Z])|\^\s*\{\s*o\s*\}")
 _TRIG = re.compile(r"\\(?:sin|cos|tan|cot|sec|csc)(?![a-zA-Z])")
 _TRIG_DEGREE = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*(?:\^\s*\{?\s*\\circ\s*\}?|\\degree(?![a-zA-Z]))")
-_AND_OR = re.compile(r"\s+(?:and|or)\s+")
+_AND_OR = re.compile(r"(?<!\s)\s+(?:and|or)\s+")
 _MATH_DELIMS = re.compile(r"\\\$|\$|\\[()\[\]]")
-_PERCENT = re.compile(r"\\%|\s*\bpercent\b|\\percent(?![a-zA-Z])")
+_PERCENT = re.compile(r"\\%|(?<!\s)\s*\bpercent\b|\\percent(?![a-zA-Z])")
 _TRAIL = " \t\n\r.,;:?"
 _THOUSANDS = re.compile(r"(?<![0-9.,])[0-9]{1,3}(?:,[0-9]{3})+(?![0-9])(?!,[0-9])")
-_REPEATING = re.compile(r"([0-9]*)\.([0-9]*)\\overline\s*\{([0-9]{1,30})\}")
+_REPEATING = re.compile(r"(?<![0-9])([0-9]*)\.([0-9]*)\\overline\s*\{([0-9]{1,30})\}")
 _BARE_UNIT = re.compile(
     r"(?<=[0-9})])\s*(?:" + "|".join(re.escape(u) for u in _BARE_UNITS)
     + r")(?![a-zA-Z])(?:\s*\^\s*\{?\s*[23]\s*\}?)?\s*$")

@@ -32,6 +32,7 @@ def test_adjacent_boxes_form_a_set():
     for text in (r"\boxed{1}, \boxed{2}", r"$\boxed{1}$ and $\boxed{2}$", r"\boxed{1} or \boxed{2}",
                  r"\boxed{1}\quad\text{or}\quad\boxed{2}", r"\boxed{1}\boxed{2}"):
         assert extract_answer(text) == r"\{1, 2\}", text
+    assert extract_answer(r"\boxed{3}, \boxed{ 3 }") == "3"  # the same answer twice is one answer
     # Separated by words: only the last box counts.
     assert extract_answer(r"\boxed{1}. Checking again, \boxed{2}") == "2"
 

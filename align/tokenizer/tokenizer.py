@@ -53,6 +53,7 @@ class Tokenizer:
         _refuse_unsupported(spec, source)
         added = parse_added_tokens(spec.get("added_tokens") or [], source)
         self._added = AddedVocab(added)
+        self._pickle_args: tuple | None = None
         self.source = source
         self.content_hash = content_hash
         self._bpe = BpeModel(spec["model"], source, {t.content for t in added if t.special}, cache)
@@ -80,14 +81,27 @@ class Tokenizer:
         if not file.is_file():
             hint = " (the vendored copy lives in the source tree: run from a checkout)" if directory == VENDORED_DIR else ""
             raise ArtifactError(f"{file}: tokenizer.json not found{hint}")
-        raw = file.read_bytes()
+        return cls.from_bytes(file.read_bytes(), str(file), _special_names(directory), cache)
+
+    @classmethod
+    def from_bytes(cls, raw: bytes, source: str, special_names: dict[str, str | None],
+                   cache: BpeCacheConfig = BpeCacheConfig()) -> Tokenizer:
+        """From the bytes of a tokenizer.json (`source` names it in errors)."""
         try:
             spec = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ArtifactError(f"{file}: not valid JSON ({exc})") from exc
+            raise ArtifactError(f"{source}: not valid JSON ({exc})") from exc
         if not isinstance(spec, dict) or not isinstance(spec.get("model"), dict):
-            raise ArtifactError(f"{file}: expected a JSON object with a 'model' object")
-        return cls(spec, str(file), hashlib.sha256(raw).hexdigest(), _special_names(directory), cache)
+            raise ArtifactError(f"{source}: expected a JSON object with a 'model' object")
+        tok = cls(spec, source, hashlib.sha256(raw).hexdigest(), special_names, cache)
+        tok._pickle_args = (raw, source, dict(special_names), cache)
+        return tok
+
+    def __reduce__(self):
+        # NOTE: the components are closures (not picklable); a data-loader worker rebuilds from the JSON bytes
+        if getattr(self, "_pickle_args", None) is None:
+            raise TypeError("a Tokenizer built from a spec dict cannot be pickled; use from_pretrained/from_bytes")
+        return (Tokenizer.from_bytes, self._pickle_args)
 
     @classmethod
     def from_config(cls, cfg: TokenizerConfig) -> Tokenizer:

@@ -112,3 +112,14 @@ def test_decode_rejects_unknown_ids():
         tok.decode([1, 40000])
     with pytest.raises(ValueError, match="token id -1"):
         tok.decode([-1])
+
+
+def test_pickles_for_data_loader_workers():
+    import pickle
+
+    tok = Tokenizer.from_pretrained()
+    clone = pickle.loads(pickle.dumps(tok))
+    text = "Pickled in a worker: [INST] 日本 😀"
+    assert clone.encode(text) == tok.encode(text) and clone.content_hash == tok.content_hash
+    assert (clone.bos_id, clone.eos_id, clone.encode_chat([{"role": "user", "content": "x"}]).ids) == (
+        tok.bos_id, tok.eos_id, tok.encode_chat([{"role": "user", "content": "x"}]).ids)

@@ -115,6 +115,11 @@ def execute(launch: Launch) -> TaskFailed | None:
     finally:
         if lock is not None:
             lock.release()
+    if result.signalled:
+        # Ctrl-C / SIGTERM reached doit (and, forwarded, the worker, which stopped cleanly): stop the whole run the
+        # way doit stops on Ctrl-C (it saves its database and runs nothing else), exiting with the worker's code.
+        exitcode.record(result.exit_code)
+        raise KeyboardInterrupt(f"{launch.task}: interrupted; worker exited {result.exit_code}")
     if result.exit_code != 0:
         said = result.last_line.removeprefix("align: ")
         return _fail(result.exit_code, f"{launch.task}: worker exited {result.exit_code}: {said} "

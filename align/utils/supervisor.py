@@ -66,6 +66,7 @@ class SupervisedResult:
     reason: str  # why the supervisor stopped launching
     attempts: list[Attempt] = field(default_factory=list)
     last_line: str = ""  # the last line the final attempt printed (a failing worker's one-line reason)
+    signalled: bool = False  # the supervisor was sent SIGINT/SIGTERM (forwarded to the worker)
 
 
 # ---------------------------------------------------------------------------------------------------- progress
@@ -264,7 +265,7 @@ def supervise(argv: Sequence[str], run_dir: str | os.PathLike, *, config: Superv
                 final = halt["exit_code"] if halt is not None and code not in HALT_CODES and code != 0 else code
                 if code != 0:
                     say(f"supervisor: stop: {reason}")
-                return SupervisedResult(int(final), reason, attempts, last_line)
+                return SupervisedResult(int(final), reason, attempts, last_line, forwarder.signalled)
 
 
 def _refused_by_preflight(preflight: Callable[[], object] | None) -> str | None:

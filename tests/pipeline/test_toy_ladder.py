@@ -198,3 +198,21 @@ def test_distributed_stage_launches_world_size_ranks(toy):
     assert res.returncode == 0, res.stdout + res.stderr
     assert sorted(ran(toy, before)) == ["shards", "shards@1"]  # a launch change reruns the stage, on 2 ranks
     assert "torch.distributed.run" in json.loads((toy / "runs/toy/receipts/shards.json").read_text())["argv"]
+
+
+def test_ctrl_c_is_forwarded_and_stops_the_whole_run(toy):
+    write(toy, "data/in.txt", "changed input")
+    write(toy, "configs/toy/ingest.toml", "include = 'job.toml'\n[job]\nsleep_s = 60.0\n")
+    before = calls(toy)
+    proc = subprocess.Popen([sys.executable, "-m", "doit", "-f", str(toy / "dodo.py"), "profile=toy"], cwd=toy,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    marker = toy / "runs/toy/ingest/WRITING"
+    deadline = time.monotonic() + 60
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)  # to doit only: the worker runs in its own process group
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGINT, out + err  # the worker's status, after doit saved its state
+    assert ran(toy, before) == ["ingest"] and "supervisor was signalled" in out
+    assert (toy / "runs/toy/ingest/out/data.txt").read_text() == "HELLO LADDER!"
+    assert "R ingest" in doit(toy, "list", "--status").stdout

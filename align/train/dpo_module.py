@@ -27,7 +27,7 @@ from align.train.train_module import LossOutput, TrainModule, TrainModuleConfig
 
 ARMS = ("chosen", "rejected")
 SUM_KEYS = ("pairs", "objective_sum", "pref_loss_sum", "nll_sum", "chosen_reward_sum", "rejected_reward_sum",
-            "margin_sum", "correct", "chosen_logps_sum", "rejected_logps_sum")
+            "margin_sum", "correct", "chosen_logps_sum", "rejected_logps_sum", "input_tokens")
 
 
 @dataclass(frozen=True)
@@ -76,14 +76,19 @@ class DpoTrainModule(TrainModule):
     """Sigmoid DPO (+ label smoothing, DPOP, NLL mix) against cached reference log-probs."""
 
     def __init__(self, model: nn.Module, cfg: TrainModuleConfig, loss_cfg: DpoLossConfig, ref_cache: RefCache,
-                 total_steps: int, seed: int = 0):
+                 total_steps: int, seed: int = 0, cache_rows: torch.Tensor | None = None):
+        """`cache_rows` maps a batch's pair_index to the cache row when the loader reads a subset of the pairs the
+        cache was built for (pair_index i is cache row cache_rows[i]); None: they are the same rows."""
         self.loss_cfg, self.ref_cache = loss_cfg, ref_cache  # set before super().__init__: wrapping binds self.loss
+        self.cache_rows = cache_rows
         super().__init__(model, cfg, total_steps, seed)
 
     def loss(self, model: nn.Module, batch: dict) -> LossOutput:
         policy = pair_logprobs(model, batch, self.loss_cfg.chunk_size)
-        check_tokens_match(self.ref_cache, batch["pair_index"], policy)
-        ref = self.ref_cache.lookup(batch["pair_index"].cpu())
+        rows = batch["pair_index"].cpu()
+        rows = self.cache_rows[rows] if self.cache_rows is not None else rows
+        check_tokens_match(self.ref_cache, rows, policy)
+        ref = self.ref_cache.lookup(rows)
         dev = policy.chosen.device
         out = dpo_loss(policy.chosen, policy.rejected, ref.chosen.to(dev), ref.rejected.to(dev), self.loss_cfg,
                        chosen_tokens=policy.chosen_tokens)
@@ -91,7 +96,8 @@ class DpoTrainModule(TrainModule):
         margins = out.chosen_rewards - out.rejected_rewards
         values = (pairs, out.loss.detach() * pairs, out.per_pair.detach().sum(), out.nll * pairs,
                   out.chosen_rewards.sum(), out.rejected_rewards.sum(), margins.sum(), (margins > 0).sum(),
-                  policy.chosen.detach().sum(), policy.rejected.detach().sum())
+                  policy.chosen.detach().sum(), policy.rejected.detach().sum(),
+                  batch["chosen_attention_mask"].sum() + batch["rejected_attention_mask"].sum())
         sums = {k: torch.as_tensor(v, dtype=torch.float32, device=dev) for k, v in zip(SUM_KEYS, values, strict=True)}
         return LossOutput(loss=out.loss * pairs, sums=sums)
 
@@ -112,7 +118,8 @@ def dpo_window_metrics(sums: dict[str, float]) -> dict[str, float]:
     return {"loss": mean("objective_sum"), "pref_loss": mean("pref_loss_sum"), "nll": mean("nll_sum"),
             "rewards/chosen": mean("chosen_reward_sum"), "rewards/rejected": mean("rejected_reward_sum"),
             "rewards/margin": mean("margin_sum"), "rewards/accuracy": mean("correct"),
-            "logps/chosen": mean("chosen_logps_sum"), "logps/rejected": mean("rejected_logps_sum"), "pairs": pairs}
+            "logps/chosen": mean("chosen_logps_sum"), "logps/rejected": mean("rejected_logps_sum"), "pairs": pairs,
+            "input_tokens": sums.get("input_tokens", 0.0)}
 
 
 @torch.no_grad()

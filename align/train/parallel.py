@@ -88,7 +88,7 @@ def wrap(unit: LossForward, cfg: ParallelConfig) -> nn.Module:
         from torch.nn.parallel import DistributedDataParallel
 
         ids = [device().index] if device().type == "cuda" else None
-        return DistributedDataParallel(unit, device_ids=ids, broadcast_buffers=False)
+        return DistributedDataParallel(unit, device_ids=ids)  # the model has no buffers to sync
     if strategy == "fsdp":
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 

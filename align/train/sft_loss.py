@@ -52,22 +52,27 @@ def sft_loss(model: nn.Module, batch: dict, cfg: SftLossConfig) -> LossOutput:
     hidden = model.forward_hidden(batch["input_ids"], batch.get("attention_mask"), batch.get("position_ids"))
     targets = shift_labels(batch["labels"])  # shape: (B, T), aligned with hidden
     weight = model.lm_head.weight
+    mask = batch.get("attention_mask")
+    inputs = float(mask.sum()) if mask is not None else float(batch["input_ids"].numel())
     if cfg.fused:
         out = fused_linear_cross_entropy(hidden, weight, targets, z_loss_weight=cfg.z_loss_weight,
                                          chunk_size=cfg.chunk_size)
-        sums = {"ce_sum": out.ce_sum, "z_sum": out.z_sum, "entropy_sum": out.entropy_sum,
-                "tokens": torch.tensor(float(out.tokens), device=out.loss.device)}
-        return LossOutput(loss=out.loss, sums=sums)
-    loss = reference_linear_cross_entropy(hidden, weight, targets, z_loss_weight=cfg.z_loss_weight)
-    tokens = torch.tensor(float((targets != IGNORE_INDEX).sum()), device=loss.device)
-    return LossOutput(loss=loss, sums={"ce_sum": loss.detach(), "tokens": tokens})
+        loss, tokens = out.loss, float(out.tokens)
+        sums = {"ce_sum": out.ce_sum, "z_sum": out.z_sum, "entropy_sum": out.entropy_sum}
+    else:
+        loss = reference_linear_cross_entropy(hidden, weight, targets, z_loss_weight=cfg.z_loss_weight)
+        tokens = float((targets != IGNORE_INDEX).sum())
+        sums = {"ce_sum": loss.detach()}
+    sums["tokens"] = torch.tensor(tokens, device=loss.device)
+    sums["input_tokens"] = torch.tensor(inputs, device=loss.device)
+    return LossOutput(loss=loss, sums=sums)
 
 
 def sft_metrics(sums: dict[str, float]) -> dict[str, float]:
     """Window metrics from global sums: per-token means (NaN when the window had no label tokens)."""
     tokens = sums.get("tokens", 0.0)
     per_token = (lambda key: sums[key] / tokens if tokens else float("nan"))
-    out = {"loss": per_token("ce_sum"), "loss_tokens": tokens}
+    out = {"loss": per_token("ce_sum"), "loss_tokens": tokens, "input_tokens": sums.get("input_tokens", 0.0)}
     if "z_sum" in sums:
         out["z_loss"] = per_token("z_sum")
     if "entropy_sum" in sums:

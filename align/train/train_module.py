@@ -34,7 +34,7 @@ from align.train.grad_norm import clip_grads_, global_grad_norm
 from align.train.optim import OptimizerConfig, make_optimizer
 from align.train.parallel import LossForward, ParallelConfig, grad_sync, wrap
 from align.train.schedulers import SchedulerConfig, lr_multiplier
-from align.utils.dist import device
+from align.utils.dist import device, is_rank0
 
 
 @dataclass(frozen=True)
@@ -150,31 +150,40 @@ class TrainModule:
         self.step = int(state["step"])
 
     def full_model_state_dict(self) -> dict[str, torch.Tensor]:
-        """Full (unsharded) CPU weights on every rank. Collective under FSDP2: every rank must call it."""
+        """Full (unsharded) CPU weights on rank 0, {} elsewhere. Collective under FSDP2: every rank must call it.
+        Gathered one tensor at a time, so no rank ever holds more than one full tensor beyond its shard."""
         out = {}
         for name, t in self.model.state_dict().items():
             if hasattr(t, "full_tensor"):
                 t = t.full_tensor()
-            out[name] = t.detach().to("cpu", copy=True)
+            if is_rank0():
+                out[name] = t.detach().to("cpu", copy=True)
         return out
 
     def load_model_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        """Copy full weights into the (possibly sharded) model; every rank passes the same full tensors."""
-        own = self.model.state_dict()
-        missing = sorted(set(own) - set(state))
-        if missing:
-            raise KeyError(f"checkpoint weights lack {missing[:3]} (and {max(0, len(missing) - 3)} more)")
+        """Copy full weights into the (possibly sharded) model; every rank passes the same full tensors. A tied
+        parameter is filled from whichever of its names the state holds (HF files omit a tied lm_head)."""
+        own = self.model.state_dict(keep_vars=True)
+        aliases: dict[int, list[str]] = {}
+        for name, t in own.items():
+            aliases.setdefault(id(t), []).append(name)
         with torch.no_grad():
-            for name, target in own.items():
-                src = state[name]
-                if hasattr(target, "to_local"):  # DTensor: take this rank's shard of the full tensor
-                    from torch.distributed.tensor import distribute_tensor
+            for names in aliases.values():
+                src_name = next((n for n in names if n in state), None)
+                if src_name is None:
+                    raise KeyError(f"checkpoint weights lack {names[0]}")
+                _copy_full_into(own[names[0]], state[src_name], names[0])
 
-                    src = distribute_tensor(src.to(target.dtype), target.device_mesh, target.placements).to_local()
-                    target = target.to_local()
-                if target.shape != src.shape:
-                    raise ValueError(f"{name}: checkpoint shape {tuple(src.shape)}, model {tuple(target.shape)}")
-                target.copy_(src)
+
+def _copy_full_into(target: torch.Tensor, src: torch.Tensor, name: str) -> None:
+    if hasattr(target, "to_local"):  # DTensor: take this rank's shard of the full tensor
+        from torch.distributed.tensor import distribute_tensor
+
+        src = distribute_tensor(src.to(target.dtype), target.device_mesh, target.placements).to_local()
+        target = target.to_local()
+    if target.shape != src.shape:
+        raise ValueError(f"{name}: checkpoint shape {tuple(src.shape)}, model {tuple(target.shape)}")
+    target.detach().copy_(src)
 
 
 def _localize(obj):

@@ -54,3 +54,55 @@ class ListLoader:
 
     def load_state_dict(self, state: dict) -> None:
         self.pos = int(state["pos"])
+
+
+def sft_windows(n_windows: int, accum: int, rows: int = 2, t: int = 16, vocab: int = 256, seed: int = 0):
+    """`n_windows` accumulation windows of `accum` micro-batches each, all different."""
+    return [[sft_batch(rows, t, vocab, seed=seed + 1000 * w + m) for m in range(accum)] for w in range(n_windows)]
+
+
+def build_sft(run_dir, *, max_steps=6, checkpoint_every=2, accum=2, optimizer="adamw", fault=None, callbacks=(),
+              model_seed=0, strategy="auto", loader=None, **train_overrides):
+    """A Trainer over a tiny model and an endless in-memory loader. `fault(module, batch, accum_info)` runs before
+    each micro-batch (it may raise, signal, or set `module.poison = True` to make every later loss NaN)."""
+    from align.train.optim import OptimizerConfig
+    from align.train.parallel import ParallelConfig
+    from align.train.schedulers import SchedulerConfig
+    from align.train.sft_loss import SftLossConfig
+    from align.train.sft_module import SftTrainModule
+    from align.train.train_module import TrainModuleConfig
+    from align.train.trainer import Trainer, TrainerConfig
+
+    class Module(SftTrainModule):
+        poison = False
+
+        def train_batch(self, batch, accum_info):
+            if fault is not None:
+                fault(self, batch, accum_info)
+            return super().train_batch(batch, accum_info)
+
+        def loss(self, model, batch):
+            out = super().loss(model, batch)
+            if self.poison:  # as a real overflow would: the loss and its logged sum are NaN
+                out.loss = out.loss * float("nan")
+                out.sums["ce_sum"] = out.sums["ce_sum"] * float("nan")
+            return out
+
+    model = tiny_model(model_seed)
+    cfg = TrainModuleConfig(optimizer=OptimizerConfig(name=optimizer, lr=3e-3, weight_decay=0.1),
+                            scheduler=SchedulerConfig(name="cosine", warmup_steps=2),
+                            parallel=ParallelConfig(strategy=strategy))
+    module = Module(model, cfg, SftLossConfig(chunk_size=16), total_steps=max_steps, seed=7)
+    loader = loader if loader is not None else ListLoader(sft_windows(5, accum))
+    tcfg = TrainerConfig(max_steps=max_steps, checkpoint_every=checkpoint_every, **train_overrides)
+    return Trainer(tcfg, module, loader, run_dir, list(callbacks))
+
+
+def weights(module) -> dict:
+    return {k: v.detach().clone() for k, v in module.full_model_state_dict().items()}
+
+
+def assert_bitwise_equal(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    different = [k for k in a if not torch.equal(a[k], b[k])]
+    assert not different, f"{len(different)} tensors differ, e.g. {different[:3]}"

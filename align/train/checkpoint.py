@@ -1,0 +1,147 @@
+"""Training checkpoints on disk: write (staged, fsynced, renamed, manifest last), find the newest complete one,
+read it back, and prune old ones. The Trainer decides when; this module knows the layout:
+
+    checkpoints/step_<N>/
+        model/                HF-format weights + config.json + its own manifest (align.model.checkpoint)
+        resume.pt             counters, per-rank RNG / loader / module extra state, callbacks' state, pins,
+                              and (one rank) the TrainModule state (optimizer, schedule step)
+        optimizer_rank<r>.pt  (several ranks) each rank's TrainModule state: no rank-0 gather of optimizer state
+        manifest.json         kind "train_checkpoint", {"step", "world_size"}; written last
+
+`step_<N>` is published by renaming its staging directory: a reader sees the whole checkpoint or nothing. A
+directory whose manifest is missing, or whose files do not match the manifest's sizes (a truncated file), is not a
+checkpoint: `latest_checkpoint` skips it with a warning and takes the next newest, by step number.
+
+Every file is read with `torch.load(weights_only=True)`: only tensors and plain containers, never pickled code."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import warnings
+from pathlib import Path
+
+import torch
+
+from align.exceptions import ArtifactError, CheckpointError
+from align.utils.dist import barrier, broadcast_object, is_rank0, rank, world_size
+from align.utils.fsio import publish_dir, staging_dir
+from align.utils.manifest import read_manifest, write_manifest
+
+KIND = "train_checkpoint"
+RESUME_FILE = "resume.pt"
+MODEL_DIR = "model"
+FORMAT = 1
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+_PARTIAL = re.compile(r"^step_\d+\.(partial|old)-\d+$")
+
+
+def optimizer_file(r: int) -> str:
+    return f"optimizer_rank{r}.pt"
+
+
+def step_dir(root: str | os.PathLike, step: int) -> Path:
+    return Path(root) / f"step_{step}"
+
+
+def checkpoint_problem(ckpt: Path) -> str | None:
+    """Why `ckpt` is not a complete checkpoint, or None: manifest present, kind right, every listed file present
+    with the listed size, resume.pt and the weights among them."""
+    try:
+        manifest = read_manifest(ckpt, kind=KIND)
+    except ArtifactError as exc:
+        return str(exc)
+    files = manifest["files"]
+    for needed in (RESUME_FILE, f"{MODEL_DIR}/config.json"):
+        if needed not in files:
+            return f"{ckpt}: manifest lists no {needed}"
+    ranks = manifest.get("world_size", 1)
+    if ranks > 1 and any(optimizer_file(r) not in files for r in range(ranks)):
+        return f"{ckpt}: manifest lacks a per-rank optimizer file for one of {ranks} ranks"
+    return None
+
+
+def list_checkpoints(root: str | os.PathLike) -> list[tuple[int, Path]]:
+    """(step, dir) of every `step_<N>` directory under `root`, newest first (by number, not by name)."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := _STEP_DIR.match(p.name))]
+    return sorted(found, reverse=True)
+
+
+def latest_checkpoint(root: str | os.PathLike) -> Path | None:
+    """The newest complete checkpoint under `root`; incomplete newer ones are skipped with a warning."""
+    for _step, ckpt in list_checkpoints(root):
+        problem = checkpoint_problem(ckpt)
+        if problem is None:
+            return ckpt
+        warnings.warn(f"skipping incomplete checkpoint {ckpt.name}: {problem}", stacklevel=2)
+    return None
+
+
+def save_checkpoint(root: str | os.PathLike, step: int, *, weights: dict[str, torch.Tensor], write_weights,
+                    resume: dict, module_state: dict) -> Path:
+    """Collective: every rank calls it with its own `module_state`; rank 0 passes the full `weights` and the
+    `resume` payload (other ranks may pass empty dicts). `write_weights(state, dir)` writes the HF directory."""
+    final = step_dir(root, step)
+    staging = broadcast_object(str(staging_dir(final)) if is_rank0() else None)
+    staging = Path(staging)
+    try:
+        world = world_size()
+        if world > 1:  # NOTE: each rank writes its own shard of optimizer state; nothing is gathered to rank 0
+            torch.save(module_state, staging / optimizer_file(rank()))
+        if is_rank0():
+            write_weights(weights, staging / MODEL_DIR)
+            payload = dict(resume, format=FORMAT, step=step, world_size=world)
+            if world == 1:
+                payload["module"] = module_state
+            torch.save(payload, staging / RESUME_FILE)
+        barrier()  # every rank's file is in staging before the manifest lists them
+        if is_rank0():
+            write_manifest(staging, KIND, extra={"step": step, "world_size": world})
+            publish_dir(staging, final)
+    except BaseException:
+        if is_rank0():
+            shutil.rmtree(staging, ignore_errors=True)
+        raise
+    barrier()  # no rank moves on (or exits) before the checkpoint is published
+    return final
+
+
+def load_resume(ckpt: Path) -> dict:
+    """resume.pt of `ckpt`, with this rank's module state under "module"; refuses another world size."""
+    path = ckpt / RESUME_FILE
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # a truncated or foreign file: name it
+        raise CheckpointError(f"{path}: unreadable resume state ({exc})") from exc
+    if payload.get("format") != FORMAT:
+        raise CheckpointError(f"{path}: format {payload.get('format')!r}, this code reads {FORMAT}")
+    if payload["world_size"] != world_size():
+        raise CheckpointError(f"{path}: written by {payload['world_size']} ranks, this run has {world_size()}; "
+                              "exact resume (per-rank optimizer, RNG and data state) needs the same world size")
+    if world_size() > 1:
+        opt_path = ckpt / optimizer_file(rank())
+        payload["module"] = torch.load(opt_path, map_location="cpu", weights_only=True)
+    return payload
+
+
+def prune(root: str | os.PathLike, keep_last: int, pinned: set[int]) -> list[Path]:
+    """Delete complete checkpoints beyond the newest `keep_last`, except pinned steps; rank 0 only."""
+    removed = []
+    if not is_rank0():
+        return removed
+    for leftover in Path(root).glob("step_*"):  # staging dirs of writers that died mid-save
+        if _PARTIAL.match(leftover.name):
+            shutil.rmtree(leftover, ignore_errors=True)
+    kept = 0
+    for step, ckpt in list_checkpoints(root):
+        if checkpoint_problem(ckpt) is not None:
+            continue  # never delete what we cannot read; a later run may want to inspect it
+        kept += 1
+        if kept > keep_last and step not in pinned:
+            shutil.rmtree(ckpt, ignore_errors=True)
+            removed.append(ckpt)
+    return removed

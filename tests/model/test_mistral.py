@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from align.model import AttentionConfig, MistralForCausalLM, MistralForProcessReward, MistralForValueHead
 from align.model.attention import attention
@@ -142,13 +141,18 @@ def test_deterministic_mode_is_bitwise_repeatable():
     assert all(torch.equal(g1[n], g2[n]) for n in g1)
 
 
-def test_activation_checkpointed_block_gives_same_grads():
+def test_activation_checkpointed_block_gives_same_grads_and_keeps_hf_names():
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_activation_checkpointing
+
+    from align.model import MistralDecoderLayer
+
     model = MistralForCausalLM(tiny_config())
     ids = random_ids(model.config, 2, 10)
-    ref = grads(model, ids)
-    for layer in model.model.layers:
-        layer.forward = (lambda f: lambda *a: checkpoint(f, *a, use_reentrant=False))(layer.forward)
-    got = grads(model, ids)
+    ref, keys = grads(model, ids), list(model.state_dict())
+    apply_activation_checkpointing(model, check_fn=lambda m: isinstance(m, MistralDecoderLayer))
+    assert type(model.model.layers[0]).__name__ == "CheckpointWrapper"
+    assert list(model.state_dict()) == keys  # checkpoints still save/load with transformers' key names
+    got = {k.replace("._checkpoint_wrapped_module", ""): v for k, v in grads(model, ids).items()}
     for n in ref:
         torch.testing.assert_close(got[n], ref[n], rtol=0, atol=1e-7)
 

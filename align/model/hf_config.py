@@ -54,6 +54,8 @@ class MistralConfig:
                             f"num_key_value_heads ({self.num_key_value_heads})")
         if self.head_dim % 2:
             problems.append(f"head_dim must be even for RoPE, got {self.head_dim}")
+        if self.pad_token_id is not None and not 0 <= self.pad_token_id < self.vocab_size:
+            problems.append(f"pad_token_id {self.pad_token_id} is outside the vocabulary [0, {self.vocab_size})")
         if self.sliding_window is not None and self.sliding_window <= 0:
             problems.append(f"sliding_window must be > 0 or None, got {self.sliding_window}")
         if problems:

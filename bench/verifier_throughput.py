@@ -205,7 +205,8 @@ def main() -> None:
     worst_ms, worst_line = _adversarial_worst_ms()
     result = {
         "bench": "verifier_throughput", "pairs": len(pairs), "seed": args.seed,
-        "align_calls_per_s_cold": round(len(pairs) / cold_s), "align_calls_per_cpu_s_cold": round(len(pairs) / cold_cpu),
+        "align_calls_per_s_cold": round(len(pairs) / cold_s),
+        "align_calls_per_cpu_s_cold": round(len(pairs) / cold_cpu),
         "align_calls_per_s_warm": round(len(pairs) / warm_s),
         "align_accuracy_vs_truth": round(sum(a == t for a, t in zip(ours, truth)) / len(pairs), 4),
         "align_worst_adversarial_ms": round(worst_ms, 2), "align_worst_adversarial_corpus_line": worst_line,

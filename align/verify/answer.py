@@ -62,8 +62,6 @@ def _parse(s: str, cfg: VerifyConfig) -> Value:
 @lru_cache(maxsize=16_384)
 def _read_cached(text: str, cfg: VerifyConfig) -> tuple[Value | None, type[Unreadable], str]:
     try:
-        if len(text) > cfg.max_answer_chars:
-            raise OverBudget(f"answer over {cfg.max_answer_chars} characters")
         s = clean(unbox(text))
         if not s:
             raise Unreadable("empty answer")
@@ -78,6 +76,8 @@ def _read_cached(text: str, cfg: VerifyConfig) -> tuple[Value | None, type[Unrea
 
 def read_answer(text: str, cfg: VerifyConfig) -> Value:
     """The Value of one answer string; raises Unreadable (OverBudget, Unsupported) saying why it cannot be checked."""
+    if len(text) > cfg.max_answer_chars:  # checked before the memo, which must never hold a huge key
+        raise OverBudget(f"answer over {cfg.max_answer_chars} characters")
     value, kind, why = _read_cached(text, cfg)
     if value is None:
         raise kind(why)

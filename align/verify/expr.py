@@ -182,7 +182,7 @@ class Parser:
         return A.power(as_scalar(base), A.neg(exponent) if negative else exponent, self.b)
 
     def postfix(self) -> Value:
-        v = self.primary()
+        v = self.primary(mixed=True)
         while True:
             if self.is_op("!"):
                 self.take()
@@ -193,13 +193,14 @@ class Parser:
             else:
                 return v
 
-    def primary(self) -> Value:
+    def primary(self, mixed: bool = False) -> Value:
+        """One atom; `mixed` allows a mixed number (not in an exponent or a macro argument: `x^2\\frac12`)."""
         self.depth += 1
         if self.depth > self.max_depth:
             raise OverBudget(f"nesting deeper than {self.max_depth}")
         t = self.take()
         if t.kind == "num":
-            v = self.number(t)
+            v = self.number(t) if mixed else literal(t.text, self.b)
         elif t.kind == "id":
             v = A.symbol("v:" + t.text + self.subscript())
         elif t.kind == "cmd":

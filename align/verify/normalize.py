@@ -54,7 +54,8 @@ _TEXT_CMD = re.compile(
     r"mathnormal|operatorname|rm|bf)\s*\{([^{}]*)\}(\s*\^\s*\{?\s*[23]\s*\}?)?")
 _MATHY = re.compile(r"[0-9a-zA-Z\s.,+\-*/()\[\]^=<>|]*")
 _WORD2 = re.compile(r"[a-zA-Z]{2,}")
-_SIZING = re.compile(r"\\(?:left|right)\s*\.|\\(?:left|right|[bB]igg?[lrm]?|displaystyle|textstyle|scriptstyle|limits|nolimits)(?![a-zA-Z])")
+_SIZING = re.compile(r"\\(?:left|right)\s*\.|"
+                     r"\\(?:left|right|[bB]igg?[lrm]?|displaystyle|textstyle|scriptstyle|limits|nolimits)(?![a-zA-Z])")
 _THIN_THOUSANDS = re.compile(r"(?<=[0-9])(?:\\[,!]|\{,\}|\\ )(?=[0-9]{3}(?![0-9]))")
 _NEG_SPACE = re.compile(r"\\!")
 _SPACES = re.compile(r"\\[,;: ]|\\(?:quad|qquad|enspace|thinspace|medspace|thickspace)(?![a-zA-Z])|~")

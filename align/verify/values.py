@@ -58,7 +58,7 @@ class Relation:
 
     op: str
     lhs: Scalar
-    rhs: Scalar
+    rhs: object  # a Scalar, or any answer after an assignment (`x = \\pm 1`, `x = (1, 2)`)
 
 
 @dataclass(frozen=True, eq=False)

@@ -36,6 +36,8 @@ def rational(text: str) -> Fraction:
     (r"\lfloor \pi \rfloor", 3), (r"\lceil 3.2 \rceil", 4), (r"\log_2 8", 3), (r"\log_4 8", Fraction(3, 2)),
     (r"\sqrt[3]{-8}", -2), ("8^{2/3}", 4), (r"\sin\frac{\pi}{6}", Fraction(1, 2)), (r"\tan\frac{3\pi}{4}", -1),
     (r"\cos(2\pi)", 1), ("x - x", 0), ("25%+1", Fraction(5, 4)),
+    (r"2^2\frac{1}{2}", 2), (r"\log_2 \frac{1}{2}", -1), (r"\log_2 1/2", 0),  # no mixed numbers in ^ or args
+    (r"3 \cdot 2\frac{1}{2}", Fraction(15, 2)),
 ])
 def test_exact_rationals(text, expected):
     assert rational(text) == Fraction(expected)
@@ -46,7 +48,8 @@ def test_exact_rationals(text, expected):
     (r"\frac{1}{1+\sqrt{2}}", r"\sqrt{2}-1"), (r"\frac{1}{\sqrt{2}+\sqrt{3}}", r"\sqrt{3}-\sqrt{2}"),
     (r"\frac{\pi}{2}", r"0.5\pi"), (r"\pi^{-1}", r"\frac{1}{\pi}"), ("(x+1)^2", "x^2+2x+1"),
     (r"\frac{x^2-1}{x-1}", "x+1"), (r"\frac{1}{x}+\frac{1}{y}", r"\frac{x+y}{xy}"), (r"\sqrt[3]{2}", "2^{1/3}"),
-    (r"\sin\frac{\pi}{12}", r"\frac{\sqrt6-\sqrt2}{4}"), (r"\exp(x)", "e^x"), (r"\cos\frac{\pi}{6}", r"\frac{\sqrt3}{2}"),
+    (r"\sin\frac{\pi}{12}", r"\frac{\sqrt6-\sqrt2}{4}"), (r"\exp(x)", "e^x"),
+    (r"\cos\frac{\pi}{6}", r"\frac{\sqrt3}{2}"),
 ])
 def test_equal_values_in_different_forms(a, b):
     from align.verify.algebra import equal
@@ -115,10 +118,13 @@ def test_step_budget_is_what_stops_work():
     assert value("+".join(["1"] * 10), tight).rational() == 10
 
 
-def test_answer_length_bound():
+def test_answer_length_bound_applies_before_the_memo():
+    from align.verify.answer import _read_cached
     cfg = VerifyConfig(max_answer_chars=10)
+    before = _read_cached.cache_info().currsize
     with pytest.raises(OverBudget):
-        value("1" + " " * 20, cfg)
+        value("1" + " " * 50_000, cfg)
+    assert _read_cached.cache_info().currsize == before
 
 
 def test_parser_counts_depth_itself():

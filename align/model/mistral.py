@@ -30,7 +30,8 @@ class MistralAttention(nn.Module):
     def __init__(self, cfg: MistralConfig, layer_idx: int, attn: AttentionConfig):
         super().__init__()
         self.layer_idx = layer_idx
-        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.num_heads, self.num_kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.head_dim = cfg.head_dim
         self.rope_theta = cfg.rope_theta
         self.attn = attn
         d = cfg.hidden_size

@@ -4,8 +4,8 @@
 
 Reading is streaming: each tensor's bytes are read from its file straight into the destination parameter, so
 loading never holds a second copy of the weights, and (unlike safetensors' `get_tensor`, which copies out of a
-memory map) not even a second copy of one tensor when the file's dtype is the parameter's. Every safetensors error is re-raised as
-`CheckpointError` naming the file.
+memory map) not even a second copy of one tensor when the file's dtype is the parameter's. Every safetensors
+error is re-raised as `CheckpointError` naming the file.
 """
 
 from __future__ import annotations

@@ -6,22 +6,22 @@ goes through `paged_attention` per query-shape group. Decoding sequences are lai
 contiguous slice. The model's own submodules are called (`input_layernorm`, `self_attn.qkv`, `o_proj`, `mlp`,
 `model.norm`, `lm_head`), so the engine computes the same function as `MistralForCausalLM.forward`.
 
-Logits are only computed for the rows that sample, in chunks of rows: a (16, 32k) fp32 block stays in cache for the
-several passes sampling makes over it, and the full (rows, vocab) tensor never exists."""
+Logits are only computed for the rows that sample; the sampler then works through them in blocks of rows small
+enough to stay in cache for the several passes it makes over each."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from align.inference.paged_attention import AttnGroup, build_group, group_attention, write_kv
 from align.inference.sampler import RowParams, sample
 from align.inference.scheduler import StepPlan
 from align.inference.sequence import Sequence
 
-SAMPLE_CHUNK_ROWS = 16
+SAMPLE_CHUNK_ROWS = 16  # a (16, 32k) fp32 block stays in cache across the sampler's passes
+LOGIT_CHUNK_ROWS = 256  # bounds the logits tensor: (256, V) fp32 is 32 MB at V = 32k
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,8 @@ class ModelRunner:
                 n_tok = sum(m[1] for m in members)
                 starts, lengths, tables = zip(*members)
                 groups.append(build_group(list(starts), list(lengths), list(tables), bs,
-                                          slice(offset, offset + n_tok), self.sliding_window, self.device))
+                                          slice(offset, offset + n_tok), self.sliding_window, self.k_cache.dtype,
+                                          self.device))
                 offset += n_tok
         as_long = lambda x: torch.tensor(x, dtype=torch.int64, device=self.device)  # noqa: E731
         return StepInputs(as_long(ids), as_long(pos), as_long(slots), tuple(groups), as_long(sample_index),
@@ -107,17 +108,19 @@ class ModelRunner:
 
     @torch.inference_mode()
     def sample(self, hidden: torch.Tensor, seqs: list[Sequence]) -> tuple[list[int], list[float], list[float]]:
-        """Logits and a token for each sampling row, SAMPLE_CHUNK_ROWS rows at a time."""
+        """Logits for the sampling rows, then a token per row, sampled SAMPLE_CHUNK_ROWS rows at a time."""
         params = _row_params(seqs, self.device)
-        weight = self.model.lm_head.weight
         tokens, logprobs, model_logprobs = [], [], []
-        for lo in range(0, hidden.shape[0], SAMPLE_CHUNK_ROWS):
-            rows = slice(lo, lo + SAMPLE_CHUNK_ROWS)
-            logits = F.linear(hidden[rows], weight).float()  # (rows, V), as lm_head
-            tok, lp, mlp = sample(logits, params.rows(rows))
-            tokens += tok.tolist()
-            logprobs += lp.tolist()
-            model_logprobs += mlp.tolist()
+        for lo in range(0, hidden.shape[0], LOGIT_CHUNK_ROWS):
+            # NOTE: one matmul per LOGIT_CHUNK_ROWS rows, not per sampling chunk: the head's weight (V x D, 32 MB
+            # for the tiny profile) is larger than the caches, and each matmul streams all of it from memory.
+            logits = self.model.lm_head(hidden[lo:lo + LOGIT_CHUNK_ROWS]).float()  # (rows, V)
+            for sub in range(0, logits.shape[0], SAMPLE_CHUNK_ROWS):
+                rows = slice(lo + sub, lo + sub + SAMPLE_CHUNK_ROWS)
+                tok, lp, mlp = sample(logits[sub:sub + SAMPLE_CHUNK_ROWS], params.rows(rows))
+                tokens += tok.tolist()
+                logprobs += lp.tolist()
+                model_logprobs += mlp.tolist()
         return tokens, logprobs, model_logprobs
 
 

@@ -23,13 +23,13 @@ class AttnGroup:
     """Rows of one query shape. R rows, Tq queries per row (1 for decode), L = gathered key length."""
 
     block_tables: torch.Tensor  # (R, L // block_size) int64, padded with block 0 (masked out)
-    mask: torch.Tensor  # (R, 1, Tq, L) bool, True = may attend
+    mask: torch.Tensor  # (R, 1, Tq, L) additive: 0 = may attend, -inf = masked
     token_slice: slice  # where this group's tokens sit in the step's flat token axis
     pad_index: torch.Tensor | None  # (n_tokens,) positions in the flattened (R * Tq) padded layout; None: Tq == 1
 
 
 def build_group(starts: list[int], lengths: list[int], tables: list[list[int]], block_size: int,
-                token_slice: slice, sliding_window: int | None, device=None) -> AttnGroup:
+                token_slice: slice, sliding_window: int | None, dtype: torch.dtype, device=None) -> AttnGroup:
     """starts[r]: cached tokens of row r before this step; lengths[r]: tokens it processes now."""
     R = len(starts)
     ends = [s + n for s, n in zip(starts, lengths)]
@@ -51,7 +51,10 @@ def build_group(starts: list[int], lengths: list[int], tables: list[list[int]], 
     pad_index = None
     if tq > 1:
         pad_index = (torch.arange(R, device=device)[:, None] * tq + steps[None, :])[valid]
-    return AttnGroup(block_tables, mask[:, None], token_slice, pad_index)
+    # NOTE: an additive float mask, built once per step: SDPA on CPU converts a bool mask to this form on every
+    # call (every layer), measured ~1.6x the attention time at 128 decoding rows.
+    additive = torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill_(~mask, float("-inf"))
+    return AttnGroup(block_tables, additive[:, None], token_slice, pad_index)
 
 
 def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, k: torch.Tensor,

@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 CDF_CHUNK = 128
 
@@ -31,15 +30,15 @@ class RowParams:
         return RowParams(self.temperature[index], self.top_k[index], self.top_p[index], self.uniforms[index])
 
 
-def greedy_argmax(x: torch.Tensor) -> torch.Tensor:
-    """First index of the row maximum, like argmax. (R, V) -> (R,) int64.
+def greedy_argmax(x: torch.Tensor, row_max: torch.Tensor | None = None) -> torch.Tensor:
+    """First index of the row maximum, like argmax. (R, V) -> (R,) int64; `row_max` (R, 1) if already known.
 
     NOTE: written as amax + where + amax because torch's CPU argmax is not vectorised: on (16, 32768) fp32 it
-    measured ~10x slower than these three vectorised passes. Ties resolve to the lowest index, as argmax."""
+    measured ~10x slower than these vectorised passes. Ties resolve to the lowest index, as argmax."""
     V = x.shape[-1]
+    row_max = x.amax(-1, keepdim=True) if row_max is None else row_max
     descending = torch.arange(V, 0, -1, dtype=x.dtype, device=x.device)  # exact in fp32 for V < 2**24
-    hit = torch.where(x == x.amax(-1, keepdim=True), descending, 0.0)
-    return (V - hit.amax(-1)).long()
+    return (V - torch.where(x == row_max, descending, 0.0).amax(-1)).long()
 
 
 def apply_top_k(x: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
@@ -61,20 +60,40 @@ def apply_top_p(x: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     return x.masked_fill(remove, float("-inf"))
 
 
-def inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
-    """Token whose CDF interval contains u * total for each row; a zero-probability token is never chosen.
-    probs: (R, V) non-negative, uniforms: (R,) float64 in (0, 1] -> (R,) int64."""
-    R, V = probs.shape
-    pad = (-V) % CDF_CHUNK
-    chunks = F.pad(probs, (0, pad)).view(R, -1, CDF_CHUNK)  # (R, nC, C)
-    mass = chunks.sum(-1).double()  # (R, nC)
+def chunk_mass(weights: torch.Tensor) -> torch.Tensor:
+    """Sums of consecutive CDF_CHUNK-token chunks, in float64. (R, V) -> (R, ceil(V / CDF_CHUNK))."""
+    R, V = weights.shape
+    full = V // CDF_CHUNK * CDF_CHUNK
+    mass = weights[:, :full].view(R, -1, CDF_CHUNK).sum(-1)  # a view: splitting the last dim needs no copy
+    if full < V:
+        mass = torch.cat([mass, weights[:, full:].sum(-1, keepdim=True)], dim=1)
+    return mass.double()
+
+
+def normalise(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x: (R, V) logits -> (unnormalised probabilities exp(x - max), their chunk masses, logsumexp(x) (R,)).
+
+    One exp pass serves the normaliser and the sampling weights (torch.logsumexp would make its own)."""
+    row_max = x.amax(-1, keepdim=True)
+    weights = (x - row_max).exp_()
+    mass = chunk_mass(weights)
+    return weights, mass, row_max.squeeze(1) + mass.sum(-1).log().to(x.dtype)
+
+
+def inverse_cdf(weights: torch.Tensor, uniforms: torch.Tensor, mass: torch.Tensor | None = None) -> torch.Tensor:
+    """Token whose CDF interval contains u * total for each row; a zero-weight token is never chosen.
+    weights: (R, V) non-negative (need not sum to 1), uniforms: (R,) float64 in (0, 1] -> (R,) int64."""
+    R, V = weights.shape
+    mass = chunk_mass(weights) if mass is None else mass  # (R, nC)
     cum = mass.cumsum(-1)
     target = uniforms * cum[:, -1]  # in (0, total]
     # First chunk whose cumulative mass reaches the target: it has positive mass, since target > 0.
     j = torch.searchsorted(cum, target[:, None]).squeeze(1).clamp_(max=cum.shape[1] - 1)
     base = torch.where(j > 0, cum.gather(1, (j - 1).clamp(min=0)[:, None]).squeeze(1), 0.0)
     frac = ((target - base) / mass.gather(1, j[:, None]).squeeze(1)).clamp_(max=1.0)
-    inner = chunks[torch.arange(R, device=probs.device), j].double().cumsum(-1)  # (R, C)
+    index = j[:, None] * CDF_CHUNK + torch.arange(CDF_CHUNK, device=weights.device)  # (R, C)
+    inner = weights.gather(1, index.clamp(max=V - 1)).double() * (index < V)  # the chunk, zero past the end
+    inner = inner.cumsum(-1)
     inner = inner / inner[:, -1:]  # last entry exactly 1, so every frac in (0, 1] lands on a positive token
     k = torch.searchsorted(inner, frac[:, None]).squeeze(1).clamp_(max=CDF_CHUNK - 1)
     return j * CDF_CHUNK + k
@@ -84,7 +103,7 @@ def sample(logits: torch.Tensor, params: RowParams) -> tuple[torch.Tensor, torch
     """Sample one token per row. logits: (R, V) -> tokens (R,) int64, logprobs (R,) and model_logprobs (R,) fp32."""
     logits = logits.float()
     R = logits.shape[0]
-    lse = torch.logsumexp(logits, -1)  # (R,)
+    weights, mass, lse = normalise(logits)  # the untempered model's distribution
     greedy = params.temperature == 0
     n_greedy = int(greedy.sum())
     tokens = torch.empty(R, dtype=torch.long, device=logits.device)
@@ -94,13 +113,13 @@ def sample(logits: torch.Tensor, params: RowParams) -> tuple[torch.Tensor, torch
         tokens[rows] = greedy_argmax(logits[rows])
     if n_greedy < R:
         rows = slice(None) if n_greedy == 0 else (~greedy).nonzero().squeeze(1)
-        tok, lp = _sample_rows(logits[rows], lse[rows], params.rows(rows))
+        tok, lp = _sample_rows(logits[rows], weights[rows], mass[rows], lse[rows], params.rows(rows))
         tokens[rows], logprobs[rows] = tok, lp
     model_logprobs = logits.gather(1, tokens[:, None]).squeeze(1) - lse
     return tokens, logprobs, model_logprobs
 
 
-def _sample_rows(logits: torch.Tensor, lse: torch.Tensor, params: RowParams) -> tuple[torch.Tensor, torch.Tensor]:
+def _sample_rows(logits, weights, mass, lse, params: RowParams) -> tuple[torch.Tensor, torch.Tensor]:
     x, changed = logits, False
     if bool((params.temperature != 1.0).any()):
         x, changed = logits / params.temperature[:, None], True
@@ -108,7 +127,7 @@ def _sample_rows(logits: torch.Tensor, lse: torch.Tensor, params: RowParams) -> 
         x, changed = apply_top_k(x, params.top_k), True
     if bool((params.top_p < 1.0).any()):
         x, changed = apply_top_p(x, params.top_p), True
-    x_lse = torch.logsumexp(x, -1) if changed else lse  # untouched rows: the model's own normaliser
-    probs = (x - x_lse[:, None]).exp_()
-    tokens = inverse_cdf(probs, params.uniforms)
-    return tokens, x.gather(1, tokens[:, None]).squeeze(1) - x_lse
+    if changed:
+        weights, mass, lse = normalise(x)  # else: the model's own distribution, already normalised
+    tokens = inverse_cdf(weights, params.uniforms, mass)
+    return tokens, x.gather(1, tokens[:, None]).squeeze(1) - lse

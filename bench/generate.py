@@ -1,0 +1,118 @@
+"""Generation throughput of align's Engine vs transformers' `generate`, same weights, same machine, same run.
+
+Loads (generated tokens per second of wall time, prefill included):
+  b1    1 prompt of 64 tokens, 128 new tokens, greedy
+  b16   16 prompts of 64 tokens, 128 new tokens, greedy
+  grpo  16 prompts of 64 tokens x 8 samples each, 64 new tokens, temperature 1 (no top-k/top-p): the GRPO stage's
+        shape. The engine gets one request per prompt with 8 samples (prompt prefilled once, blocks shared);
+        transformers gets `num_return_sequences=8`, which repeats each prompt 8 times.
+Shapes: tiny (the embedded profile: vocab 32768, d 256, 4 layers, 8/2 heads, ffn 768) and small (d 512, 8 layers,
+8/2 heads, ffn 1536). Both fp32, random weights; no stop tokens (transformers with min_new_tokens = max_new_tokens),
+so both produce exactly the same number of tokens. Runs alternate (align, transformers, ...) so machine noise hits
+both; best and median of the repeats are printed, as ONE JSON line. Usage:
+
+    .venv/bin/python bench/generate.py [--shapes tiny,small --loads b1,b16,grpo --repeats 3 --threads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from model_forward import build_hf  # noqa: E402  (the transformers twin with the same weights)
+
+from align.inference import Engine, EngineConfig, SamplingParams  # noqa: E402
+from align.model import MistralConfig, MistralForCausalLM  # noqa: E402
+from align.rollout import RolloutRequest  # noqa: E402
+from align.rollout.native import NativeRolloutClient  # noqa: E402
+
+SHAPES = {
+    "tiny": MistralConfig(),
+    "small": MistralConfig(hidden_size=512, intermediate_size=1536, num_hidden_layers=8, num_attention_heads=8,
+                           num_key_value_heads=2),
+}
+LOADS = {  # prompts, samples per prompt, new tokens, temperature
+    "b1": (1, 1, 128, 0.0),
+    "b16": (16, 1, 128, 0.0),
+    "grpo": (16, 8, 64, 1.0),
+}
+PROMPT_LEN = 64
+
+
+def run_align(model, prompts, samples: int, new: int, temperature: float) -> float:
+    cfg = EngineConfig(max_model_len=PROMPT_LEN + new + 1, max_num_seqs=256)
+    client = NativeRolloutClient(model, cfg)  # fresh engine: no prefix cache left over from the last repeat
+    params = SamplingParams(temperature=temperature, max_new_tokens=new)
+    reqs = [RolloutRequest(tuple(p), num_samples=samples, params=params, seed=i) for i, p in enumerate(prompts)]
+    t0 = time.perf_counter()
+    batch = client.generate(reqs)
+    wall = time.perf_counter() - t0
+    assert sum(len(r.completion_ids) for r in batch.results) == len(prompts) * samples * new
+    return len(prompts) * samples * new / wall
+
+
+@torch.inference_mode()
+def run_hf(twin, prompts, samples: int, new: int, temperature: float) -> float:
+    ids = torch.tensor(prompts)
+    kw = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature > 0 else dict(do_sample=False)
+    t0 = time.perf_counter()
+    out = twin.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new,
+                        num_return_sequences=samples, pad_token_id=0, **kw)
+    wall = time.perf_counter() - t0
+    assert out.shape == (len(prompts) * samples, PROMPT_LEN + new)
+    return len(prompts) * samples * new / wall
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", default="tiny,small")
+    ap.add_argument("--loads", default="b1,b16,grpo")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--no-hf", action="store_true", help="skip transformers even when installed")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    result = {"bench": "generate", "what": "generated tokens/s (wall, prefill included), fp32",
+              "prompt_len": PROMPT_LEN, "threads": args.threads, "repeats": args.repeats,
+              "malloc": {k: os.environ[k] for k in ("MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_") if k in os.environ}
+              or "glibc default", "torch": torch.__version__, "python": platform.python_version()}
+    for shape in args.shapes.split(","):
+        torch.manual_seed(0)
+        model = MistralForCausalLM(SHAPES[shape]).eval()
+        twin = None if args.no_hf else build_hf(model)
+        if twin is not None:
+            twin.eval()
+        for load in args.loads.split(","):
+            n_prompts, samples, new, temp = LOADS[load]
+            g = torch.Generator().manual_seed(1)
+            prompts = torch.randint(3, model.config.vocab_size, (n_prompts, PROMPT_LEN), generator=g).tolist()
+            run_align(model, prompts[:1], 1, 4, temp)  # warm-up: thread pools, allocator
+            if twin is not None:
+                run_hf(twin, prompts[:1], 1, 4, temp)
+            rates: dict[str, list[float]] = {"align": [], "transformers": []}
+            for _ in range(args.repeats):
+                rates["align"].append(run_align(model, prompts, samples, new, temp))
+                if twin is not None:
+                    rates["transformers"].append(run_hf(twin, prompts, samples, new, temp))
+            key = f"{shape}_{load}"
+            for name, vals in rates.items():
+                if vals:
+                    result[f"{key}_{name}_tok_s_best"] = round(max(vals), 1)
+                    result[f"{key}_{name}_tok_s_median"] = round(statistics.median(vals), 1)
+            if rates["transformers"]:
+                result[f"{key}_speedup_median"] = round(statistics.median(rates["align"])
+                                                        / statistics.median(rates["transformers"]), 2)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

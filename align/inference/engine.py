@@ -7,6 +7,7 @@ request larger than the whole cache) gets an error result of its own; the others
 
 from __future__ import annotations
 
+import numbers
 import time
 from dataclasses import dataclass
 from typing import Sequence as Seq
@@ -62,7 +63,7 @@ class Engine:
         prompt = req.prompt_ids
         if len(prompt) == 0:
             return "empty prompt"
-        bad = [t for t in prompt if not isinstance(t, int) or not 0 <= t < self.vocab_size]
+        bad = [t for t in prompt if not isinstance(t, numbers.Integral) or not 0 <= t < self.vocab_size]
         if bad:
             return f"prompt token {bad[0]!r} is not an int in [0, {self.vocab_size})"
         if len(prompt) >= self.max_model_len:
@@ -122,8 +123,12 @@ class Engine:
             else:
                 seq = self.add_request(req, derive_seed(self.config.seed, self._calls, i))
                 seqs[seq.seq_id] = (i, seq)
-        while self.scheduler.has_unfinished():
-            self.step()
+        try:
+            while self.scheduler.has_unfinished():
+                self.step()
+        except BaseException:
+            self.scheduler.abort_all()  # leave no half-run sequence behind to leak into the next call
+            raise
         for i, seq in seqs.values():
             req = requests[i]
             results[i] = GenerationResult(req.request_id, list(req.prompt_ids), seq.output_ids, seq.logprobs,

@@ -100,6 +100,15 @@ class Scheduler:
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
 
+    def abort_all(self) -> None:
+        """Drop every sequence (after a failed step): blocks freed, queues empty."""
+        for seq in self.running:
+            self.block_manager.free_seq(seq)
+        for seq in (*self.running, *self.waiting):
+            seq.status = SeqStatus.FINISHED
+        self.running, self.waiting = [], deque()
+        self.block_manager.release_copy_sources(self.block_manager.take_copies())
+
     def advance(self, plan: StepPlan) -> list[Sequence]:
         """Account the tokens the step computed; return the sequences that now need a sampled token."""
         to_sample = []

@@ -66,7 +66,7 @@ class Sequence:
 
     def __init__(self, seq_id: int, prompt_ids: list[int], params: SamplingParams, seed: int, max_len: int):
         self.seq_id = seq_id
-        self.tokens = list(prompt_ids)
+        self.tokens = [int(t) for t in prompt_ids]
         self.num_prompt_tokens = len(self.tokens)
         self.params = params
         # The request's whole random stream is drawn up front from its own generator: output token i always uses

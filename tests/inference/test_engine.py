@@ -176,3 +176,24 @@ def test_sliding_window_model_matches_naive_loop():
         greedy_requests(prompts, [15, 15]))
     for p, r in zip(prompts, results):
         assert r.token_ids == naive_greedy(model, p, 15)
+
+
+def test_a_failed_step_leaves_the_engine_clean(model, monkeypatch):
+    engine = Engine(model, EngineConfig(block_size=4, num_blocks=40))
+    prompts = random_prompts([9, 14], model.config.vocab_size, seed=12)
+    calls = {"n": 0}
+    real_forward = engine.runner.forward
+
+    def failing_forward(inputs):  # fault injection: the third step dies (e.g. out of memory)
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError("injected")
+        return real_forward(inputs)
+
+    monkeypatch.setattr(engine.runner, "forward", failing_forward)
+    with pytest.raises(RuntimeError, match="injected"):
+        engine.generate(greedy_requests(prompts, [10, 10]))
+    assert not engine.scheduler.has_unfinished() and engine.block_manager.num_used_blocks == 0
+    results = engine.generate(greedy_requests(prompts, [10, 10]))  # usable again, same answers
+    assert [r.token_ids for r in results] == [naive_greedy(model, p, 10) for p in prompts]
+    assert engine.load_weights(model.state_dict()) == 1

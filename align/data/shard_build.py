@@ -1,7 +1,7 @@
 """Build a token shard set from an ingest artifact: the `shards:<split>` stage's library half.
 
 Work is split by the records file's row groups (`row_groups_per_shard` of them make one shard) and tokenised by a
-process pool (spawned, so a parent that imported torch is never forked). Each shard is written into a build
+process pool (forked from a torch-free parent, which the stage worker is; spawned otherwise). Each shard is written into a build
 directory beside the target and marked done (`.shard-NNNNN.done`) only after its files are complete; a rerun after
 a crash reuses the done shards of the same build identity (same records, tokenizer and encoding config) and
 tokenises only the rest. The manifest is written last and the directory is published by rename.
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from multiprocessing import get_context
@@ -100,10 +101,16 @@ def _prepare_build_dir(build_dir: Path, identity: dict) -> dict[int, ShardStats]
     return {}
 
 
+def _pool_context():
+    """fork when this process has not imported torch: the children inherit the loaded tokenizer (no re-import, no
+    re-parse). NOTE: a process that imported torch may hold OpenMP threads, and forking it can deadlock: spawn."""
+    return get_context("spawn" if "torch" in sys.modules else "fork")
+
+
 def _run_jobs(jobs: list[_Job], workers: int) -> dict[int, ShardStats]:
     if workers == 1 or len(jobs) <= 1:
         return {job.index: build_one(job) for job in jobs}
-    with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=get_context("spawn")) as pool:
+    with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=_pool_context()) as pool:
         return dict(zip((job.index for job in jobs), pool.map(build_one, jobs)))
 
 

@@ -232,3 +232,15 @@ def test_epoch_order_is_a_stable_function_of_seed_and_epoch():
 
 
 EXPECTED_SEED0_EPOCH0 = [0, 9, 1, 6, 3, 5, 4, 2, 8, 7]
+
+
+def test_an_initialised_process_group_is_authoritative(sft, tmp_path):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        assert (BatchLoader(sft, LoaderConfig(), 0).world_size) == 1
+        with pytest.raises(ConfigError, match="told rank 0 of 2, but the process group says rank 0 of 1"):
+            BatchLoader(sft, LoaderConfig(), 0, rank=0, world_size=2)
+    finally:
+        dist.destroy_process_group()

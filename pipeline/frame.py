@@ -13,23 +13,29 @@ from pipeline.layout import Project
 from pipeline.profiles import selected_profile
 from pipeline.smoke import smoke_task
 from pipeline.stage import StageSpec, discover
-from pipeline.tasks import doit_config, ladder_tasks, prepare_runs
+from pipeline.tasks import blocked_tasks, doit_config, ladder_tasks, prepare_runs, task_name
 
 
 def install(namespace: dict, project: Project | None = None, stages: Sequence[StageSpec] | None = None,
             profile: str | None = None) -> None:
-    """Fill a dodo module's namespace. `stages` default: every `pipeline/stages/*.py` declaration."""
+    """Fill a dodo module's namespace. `stages` default: every `pipeline/stages/*.py` declaration.
+
+    Plain `doit` (and `smoke`) build the runnable tasks: a task whose input no declared stage produces (the ladder
+    is still incomplete) is listed and can be asked for by name, where it fails naming the missing input."""
     project = project or Project()
     profile = profile or selected_profile()
     stages = list(stages) if stages is not None else discover()
     dodo = Path(namespace["__file__"]).resolve()
     exitcode.install()
     prepare_runs(project, profile)
-    namespace["DOIT_CONFIG"] = {**doit_config(project, profile), "default_tasks": [s.name for s in stages]}
+    tasks = list(ladder_tasks(project, profile, stages))
+    blocked = blocked_tasks(tasks)
+    runnable = [t for t in tasks if "actions" in t and task_name(t) not in blocked]
+    tasks.append(smoke_task(project, profile, runnable, blocked, dodo))
+    namespace["DOIT_CONFIG"] = {**doit_config(project, profile), "default_tasks": [task_name(t) for t in runnable]}
 
     def task_ladder():
         """the align stage ladder"""
-        yield from ladder_tasks(project, profile, stages)
-        yield smoke_task(project, profile, stages, dodo)
+        yield from tasks
 
     namespace["task_ladder"] = task_ladder

@@ -99,6 +99,9 @@ def execute(launch: Launch) -> TaskFailed | None:
     """The doit action of a ladder task."""
     if launch.problem is not None:
         return _fail(BAD_INPUT, launch.problem)
+    absent = [relative_to_root(p, launch.root) for p in launch.file_dep if not p.exists()]
+    if absent:  # doit runs a task whose input no task produces; say so instead of letting the worker find out
+        return _fail(BAD_INPUT, f"{launch.task}: input {absent[0]} does not exist and no declared stage produces it")
     launch.run_dir.mkdir(parents=True, exist_ok=True)
     launch.receipt.unlink(missing_ok=True)  # a receipt must never describe outputs being replaced
     lock = None

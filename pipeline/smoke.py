@@ -12,31 +12,36 @@ from pathlib import Path
 from typing import Sequence
 
 from doit.exceptions import TaskFailed
+from doit.tools import config_changed
 
 from align.utils.fsio import atomic_write_json
 from pipeline import exitcode
 from pipeline.layout import Layout, Project
 from pipeline.receipts import read_receipt
-from pipeline.stage import LADDER, SMOKE, StageSpec
-from pipeline.tasks import receipts_of
+from pipeline.stage import LADDER, SMOKE
+from pipeline.tasks import task_name
 
 SMOKE_PROFILE = "smoke"
 
 
-def smoke_task(project: Project, profile: str, stages: Sequence[StageSpec], dodo: Path) -> dict:
+def smoke_task(project: Project, profile: str, runnable: Sequence[dict], blocked: dict[str, str],
+               dodo: Path) -> dict:
+    """`runnable`: the ladder's task dicts that can run; `blocked`: {task: missing input} for those that cannot."""
     doc = "the ladder under profile smoke (what CI runs), summed up in receipts/smoke.json"
     if profile != SMOKE_PROFILE:
         argv = [project.python, "-m", "doit", "-f", str(dodo), f"profile={SMOKE_PROFILE}", SMOKE]
         return {"basename": SMOKE, "doc": doc, "actions": [(_delegate, [argv, project.root])], "uptodate": []}
     layout = Layout(project, profile)
-    receipts = receipts_of(project, profile, stages)
-    missing = [name for name in LADDER if name not in {s.name for s in stages}]
+    receipts = [layout.receipt(task_name(t)) for t in runnable]
+    declared = {t["basename"] for t in runnable} | {name.split(":")[0] for name in blocked}
+    missing = [name for name in LADDER if name not in declared]
     return {
         "basename": SMOKE,
         "doc": doc,
-        "actions": [(_summarise, [receipts, layout.receipt(SMOKE), missing])],
+        "actions": [(_summarise, [receipts, layout.receipt(SMOKE), missing, blocked])],
         "file_dep": [str(p) for p in receipts],
         "targets": [str(layout.receipt(SMOKE))],
+        "uptodate": [config_changed({"blocked": blocked, "missing": missing})],
     }
 
 
@@ -48,12 +53,12 @@ def _delegate(argv: list[str], cwd: Path) -> TaskFailed | None:
     return None
 
 
-def _summarise(receipts: list[Path], out: Path, missing: list[str]) -> None:
+def _summarise(receipts: list[Path], out: Path, missing: list[str], blocked: dict[str, str]) -> None:
     tasks = {}
     for path in receipts:
         r = read_receipt(path)
         tasks[r["task"]] = {"outputs": r["outputs"], "metrics": r["metrics"], "code_digest": r["code_digest"],
                             "wall_s": r["wall_s"]}
     atomic_write_json(out, {"task": SMOKE, "profile": SMOKE_PROFILE, "tasks": tasks,
-                            "stages_not_declared": missing,
+                            "stages_not_declared": missing, "tasks_blocked": blocked,
                             "wall_s": round(sum(t["wall_s"] for t in tasks.values()), 3)})

@@ -68,6 +68,21 @@ def _task(spec: StageSpec, plan: launcher.Launch, variant: str | None) -> dict:
     return task
 
 
-def receipts_of(project: Project, profile: str, stages: Sequence[StageSpec]) -> list[Path]:
-    layout = Layout(project, profile)
-    return [ctx.receipt for spec in stages for ctx in spec.contexts(layout)]
+def task_name(task: dict) -> str:
+    return f"{task['basename']}:{task['name']}" if task.get("name") else task["basename"]
+
+
+def blocked_tasks(tasks: Sequence[dict]) -> dict[str, str]:
+    """{task: missing input} for tasks that cannot run because an input neither exists nor is produced by a runnable
+    task (its producing stage is not declared yet). Tasks come in ladder order, so producers come first."""
+    produced: set[str] = set()
+    blocked: dict[str, str] = {}
+    for task in tasks:
+        if "actions" not in task:
+            continue  # the doc-only group task of a stage with variants
+        missing = [dep for dep in task.get("file_dep", ()) if dep not in produced and not Path(dep).exists()]
+        if missing:
+            blocked[task_name(task)] = missing[0]
+        else:
+            produced.update(task.get("targets", ()))
+    return blocked

@@ -23,6 +23,7 @@ FILES = {
                 stages=STAGES)
     """,
     "toy_stages.py": """
+        import os
         from pipeline.stage import StageSpec
 
         STAGES = [
@@ -34,6 +35,11 @@ FILES = {
                       file_dep=lambda ctx: [ctx.stage_dir("ingest") / "out" / "manifest.json"],
                       targets=lambda ctx: [ctx.run_dir / "out" / "manifest.json"]),
         ]
+        if os.environ.get("TOY_BLOCKED"):  # a stage whose upstream is not declared (an incomplete ladder)
+            STAGES.append(StageSpec(name="sft_checkpoint", doc="needs an undeclared upstream",
+                                    worker="toyalign.stages.shards", config="shards.toml",
+                                    file_dep=lambda ctx: [ctx.stage_dir("pretrain") / "manifest.json"],
+                                    targets=lambda ctx: [ctx.run_dir / "out" / "manifest.json"]))
     """,
     "toyalign/__init__.py": "",
     "toyalign/stages/__init__.py": "",

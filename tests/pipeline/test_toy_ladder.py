@@ -216,3 +216,21 @@ def test_ctrl_c_is_forwarded_and_stops_the_whole_run(toy):
     assert ran(toy, before) == ["ingest"] and "supervisor was signalled" in out
     assert (toy / "runs/toy/ingest/out/data.txt").read_text() == "HELLO LADDER!"
     assert "R ingest" in doit(toy, "list", "--status").stdout
+
+
+def test_incomplete_ladder_builds_what_can_run(tmp_path):
+    root = make_toy(tmp_path)
+    for src in (root / "configs/toy").iterdir():
+        write(root, f"configs/smoke/{src.name}", src.read_text())
+    env = {"TOY_BLOCKED": "1"}
+    assert "sft_checkpoint" in doit(root, "list", env_extra=env).stdout
+    res = doit(root, env_extra=env)
+    assert res.returncode == 0 and calls(root) == ["ingest", "shards"], res.stdout + res.stderr
+    res = doit(root, "sft_checkpoint", env_extra=env)
+    assert res.returncode == 2 and "input runs/toy/pretrain/manifest.json does not exist" in res.stderr
+    res = subprocess.run([sys.executable, "-m", "doit", "-f", str(root / "dodo.py"), "profile=smoke", "smoke"],
+                         cwd=root, capture_output=True, text=True, timeout=120, env=dict(os.environ, **env))
+    assert res.returncode == 0, res.stdout + res.stderr
+    summary = json.loads((root / "runs/smoke/receipts/smoke.json").read_text())
+    assert set(summary["tasks"]) == {"ingest", "shards"}
+    assert summary["tasks_blocked"] == {"sft_checkpoint": str(root / "runs/smoke/pretrain/manifest.json")}

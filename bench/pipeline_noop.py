@@ -1,6 +1,7 @@
 """Time a no-op `doit` (everything up to date) over the ladder frame; print one JSON line.
 
-Three measurements, each the median of `--repeats` runs of a fresh `python -m doit` process:
+Three measurements, each the median wall and CPU (user + sys) time of `--repeats` runs of a fresh
+`python -m doit` process (wall time grows with the host's load; CPU time barely does):
   - `frame_ladder_s`: a temporary project with all seven ladder stages declared through pipeline/ (StageSpec, code
     digests, canonical configs, sqlite3 database, md5 checker), chained by file_dep, built once first;
   - `bare_doit_s`: the same seven file tasks declared directly in a plain dodo (doit's own floor on this machine);
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -93,15 +95,22 @@ def make_project(root: Path) -> None:
         (cfgs / f"{name}.toml").write_text(f'[io]\nsrc = "{src}"\ndst = "runs/bench/{name}/out.txt"\n')
 
 
-def time_doit(args: list[str], cwd: Path, repeats: int, check_noop: bool = True) -> float:
-    times = []
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def time_doit(args: list[str], cwd: Path, repeats: int, check_noop: bool = True) -> tuple[float, float]:
+    """(median wall seconds, median CPU seconds) of `python -m doit ARGS`; CPU time does not grow with host load."""
+    times, cpus = [], []
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), _children_cpu()
         res = subprocess.run([sys.executable, "-m", "doit", *args], cwd=cwd, capture_output=True, text=True)
         times.append(time.perf_counter() - t0)
+        cpus.append(_children_cpu() - c0)
         if res.returncode != 0 or (check_noop and "\n." in "\n" + res.stdout):  # ".": a task ran, not a no-op
             raise SystemExit(f"doit {' '.join(args)} in {cwd} was not a no-op:\n{res.stdout}\n{res.stderr}")
-    return statistics.median(times)
+    return statistics.median(times), statistics.median(cpus)
 
 
 def main() -> None:
@@ -118,9 +127,12 @@ def main() -> None:
         frame = time_doit(["-f", "dodo.py"], root, ns.repeats)
         bare = time_doit(["-f", "bare.py"], root, ns.repeats)
     repo = time_doit(["-f", str(REPO / "dodo.py"), "profile=tiny", "list"], REPO, ns.repeats, check_noop=False)
-    print(json.dumps({"bench": "pipeline_noop", "stages": len(LADDER), "frame_ladder_s": round(frame, 3),
-                      "bare_doit_s": round(bare, 3), "repo_list_s": round(repo, 3), "target_s": 1.0,
-                      "repeats": ns.repeats, "cpus": os.cpu_count(), "python": sys.version.split()[0]}))
+    print(json.dumps({"bench": "pipeline_noop", "stages": len(LADDER),
+                      "frame_ladder_s": round(frame[0], 3), "frame_ladder_cpu_s": round(frame[1], 3),
+                      "bare_doit_s": round(bare[0], 3), "bare_doit_cpu_s": round(bare[1], 3),
+                      "repo_list_s": round(repo[0], 3), "repo_list_cpu_s": round(repo[1], 3), "target_s": 1.0,
+                      "repeats": ns.repeats, "cpus": os.cpu_count(), "load1": round(os.getloadavg()[0], 2),
+                      "python": sys.version.split()[0]}))
 
 
 if __name__ == "__main__":

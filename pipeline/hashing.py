@@ -89,11 +89,13 @@ def import_closure(root: Path, modules: Iterable[str], packages: Iterable[str]) 
     """{module: source file} for `modules` and everything they import transitively within `packages`."""
     packages = tuple(packages)
     found: dict[str, Path] = {}
+    seen: set[str] = set()  # names looked up already, found or not (`from x import function` names no module)
     pending = [m for mod in modules for m in _with_parents(mod)]
     while pending:
         name = pending.pop()
-        if name in found or name.split(".")[0] not in packages:
+        if name in seen or name.split(".")[0] not in packages:
             continue
+        seen.add(name)
         path = module_file(root, name)
         if path is None:
             continue  # `from pkg import function` names no module; a missing worker is reported by the launcher

@@ -29,7 +29,7 @@ from align.profile import CommonConfig
 from align.utils.guard import HeavyJobLock, preflight, resolve_lock_path
 from align.utils.supervisor import SupervisedResult, supervise
 from pipeline import exitcode
-from pipeline.hashing import code_digest, config_text, module_file
+from pipeline.hashing import config_text, module_file
 from pipeline.layout import Project, StageCtx, relative_to_root
 from pipeline.receipts import read_metrics, write_receipt
 from pipeline.stage import StageSpec
@@ -66,7 +66,7 @@ class Launch:
         return self.run_dir / LOG_NAME
 
 
-def plan(spec: StageSpec, ctx: StageCtx, project: Project, common: CommonConfig | None,
+def plan(spec: StageSpec, ctx: StageCtx, project: Project, code_digest: str, common: CommonConfig | None,
          common_problem: str | None) -> Launch:
     config_path = spec.config_path(ctx)
     problem, text = common_problem, ""
@@ -85,7 +85,7 @@ def plan(spec: StageSpec, ctx: StageCtx, project: Project, common: CommonConfig 
         task=ctx.task, profile=ctx.profile, root=project.root, runs=ctx.runs, run_dir=ctx.run_dir, receipt=ctx.receipt,
         argv=tuple(argv), file_dep=tuple(Path(p) for p in spec.file_dep(ctx)),
         targets=tuple(Path(p) for p in spec.targets(ctx)), config=text,
-        code_digest=code_digest(project.root, spec.code_modules(), project.packages),
+        code_digest=code_digest,
         heavy=spec.heavy, common=common, problem=problem)
 
 

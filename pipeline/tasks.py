@@ -11,6 +11,7 @@ from doit.tools import config_changed
 
 from align.exceptions import AlignInputError
 from pipeline import launcher
+from pipeline.hashing import code_digest
 from pipeline.layout import Layout, Project
 from pipeline.profiles import check_profile, load_common
 from pipeline.stage import StageSpec
@@ -49,8 +50,9 @@ def ladder_tasks(project: Project, profile: str, stages: Sequence[StageSpec]) ->
         ctxs = spec.contexts(layout)
         if spec.variants is not None:
             yield {"basename": spec.name, "name": None, "doc": spec.doc}
+        digest = code_digest(project.root, spec.code_modules(), project.packages)  # one per stage, not per variant
         for ctx in ctxs:
-            plan = launcher.plan(spec, ctx, project, common, common_problem)
+            plan = launcher.plan(spec, ctx, project, digest, common, common_problem)
             yield _task(spec, plan, variant=ctx.variant)
 
 

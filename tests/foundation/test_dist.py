@@ -67,7 +67,8 @@ def test_two_gloo_ranks(tmp_path):
     script.write_text(TWO_RANKS)
     res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
                           str(script), str(tmp_path)], capture_output=True, text=True, env=env, timeout=240)
-    assert res.returncode == 0, res.stderr[-3000:]
+    errors = [line for line in res.stderr.splitlines() if "Error" in line or "error" in line]
+    assert res.returncode == 0, "\n".join(errors[:20]) + "\n---\n" + res.stderr[-3000:]
     results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert [r["rank"] for r in results] == [0, 1]
     for r in results:

@@ -13,7 +13,7 @@ mean of each micro-batch's chosen-token mean (equal to TRL's token mean when a w
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Callable, Iterable
 
 import torch
 import torch.nn.functional as F
@@ -24,8 +24,10 @@ from align.kernels.fused_dpo import IGNORE_INDEX, model_sequence_logprobs
 from align.train.dpo_loss import DpoLossConfig, dpo_loss
 from align.train.ref_cache import RefCache
 from align.train.train_module import LossOutput, TrainModule, TrainModuleConfig
+from align.utils.dist import device
 
 ARMS = ("chosen", "rejected")
+SCORE_ONLY = "_score_only"  # batch flag: `loss` returns the pair log-probs instead of a loss (evaluation)
 SUM_KEYS = ("pairs", "objective_sum", "pref_loss_sum", "nll_sum", "chosen_reward_sum", "rejected_reward_sum",
             "margin_sum", "correct", "chosen_logps_sum", "rejected_logps_sum", "input_tokens")
 
@@ -36,6 +38,11 @@ class PairLogprobs:
     rejected: torch.Tensor
     chosen_tokens: torch.Tensor  # (B,) int64
     rejected_tokens: torch.Tensor
+
+
+def on_device(batch: dict) -> dict:
+    """The batch's tensors on this rank's device (lists and other values untouched)."""
+    return {k: v.to(device(), non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
 
 
 def stack_arms(batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -83,7 +90,9 @@ class DpoTrainModule(TrainModule):
         self.cache_rows = cache_rows
         super().__init__(model, cfg, total_steps, seed)
 
-    def loss(self, model: nn.Module, batch: dict) -> LossOutput:
+    def loss(self, model: nn.Module, batch: dict) -> LossOutput | PairLogprobs:
+        if batch.get(SCORE_ONLY):
+            return pair_logprobs(model, {k: v for k, v in batch.items() if k != SCORE_ONLY}, self.loss_cfg.chunk_size)
         policy = pair_logprobs(model, batch, self.loss_cfg.chunk_size)
         rows = batch["pair_index"].cpu()
         rows = self.cache_rows[rows] if self.cache_rows is not None else rows
@@ -104,6 +113,17 @@ class DpoTrainModule(TrainModule):
     def loss_units(self, batch: dict) -> float:
         return float(batch["pair_index"].numel())
 
+    @torch.no_grad()
+    def score(self, batch: dict) -> PairLogprobs:
+        """Policy log-probs of a batch in eval mode, through the wrapped unit: under FSDP2 the root parameters
+        (embeddings, head) are only gathered inside its forward. Collective: every rank must score the same number
+        of batches."""
+        self.net.eval()
+        try:
+            return self.net({**on_device(batch), SCORE_ONLY: True})
+        finally:
+            self.net.train()
+
     def log_metrics(self, sums: dict[str, float]) -> dict[str, float]:
         return dpo_window_metrics(sums)
 
@@ -122,30 +142,42 @@ def dpo_window_metrics(sums: dict[str, float]) -> dict[str, float]:
             "input_tokens": sums.get("input_tokens", 0.0)}
 
 
-@torch.no_grad()
-def preference_eval(model: nn.Module, batches: Iterable[dict], chunk_size: int, beta: float,
+def model_scorer(model: nn.Module, chunk_size: int) -> Callable[[dict], PairLogprobs]:
+    """A `score` for `preference_eval` from a plain (unwrapped) model, in eval mode without gradients."""
+
+    @torch.no_grad()
+    def score(batch: dict) -> PairLogprobs:
+        was_training = model.training
+        model.eval()
+        try:
+            return pair_logprobs(model, batch, chunk_size)
+        finally:
+            model.train(was_training)
+
+    return score
+
+
+def preference_eval(score: Callable[[dict], PairLogprobs], batches: Iterable[dict], beta: float,
                     ref_cache: RefCache | None = None) -> dict[str, float]:
-    """Held-out preference metrics of `model` in eval mode.
+    """Held-out preference metrics of the policy behind `score` (`DpoTrainModule.score` or `model_scorer`).
 
     `preference_accuracy`: fraction of pairs with log pi(y_c|x) > log pi(y_r|x), the model's own preference,
     comparable between checkpoints (the SFT checkpoint's value comes from its reference cache alone).
-    With `ref_cache`: DPO's implicit-reward accuracy (rho_c > rho_r) and mean reward margin as well."""
-    was_training = model.training
-    model.eval()
+    With `ref_cache`: DPO's implicit-reward accuracy (rho_c > rho_r) and mean reward margin as well. The batches'
+    pair_index must be cache rows."""
     n = correct = reward_correct = margin = 0.0
-    try:
-        for batch in batches:
-            scored = pair_logprobs(model, batch, chunk_size)
-            n += scored.chosen.shape[0]
-            correct += float((scored.chosen > scored.rejected).sum())
-            if ref_cache is not None:
-                check_tokens_match(ref_cache, batch["pair_index"], scored)
-                ref = ref_cache.lookup(batch["pair_index"].cpu())
-                m = beta * ((scored.chosen.cpu() - ref.chosen) - (scored.rejected.cpu() - ref.rejected))
-                reward_correct += float((m > 0).sum())
-                margin += float(m.sum())
-    finally:
-        model.train(was_training)
+    for batch in batches:
+        scored = score(batch)
+        chosen, rejected = scored.chosen.float().cpu(), scored.rejected.float().cpu()
+        n += chosen.shape[0]
+        correct += float((chosen > rejected).sum())
+        if ref_cache is not None:
+            rows = batch["pair_index"].cpu()
+            check_tokens_match(ref_cache, rows, scored)
+            ref = ref_cache.lookup(rows)
+            m = beta * ((chosen - ref.chosen) - (rejected - ref.rejected))
+            reward_correct += float((m > 0).sum())
+            margin += float(m.sum())
     out = {"pairs": n, "preference_accuracy": correct / n if n else float("nan")}
     if ref_cache is not None:
         out.update({"reward_accuracy": reward_correct / n if n else float("nan"),

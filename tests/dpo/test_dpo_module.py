@@ -13,7 +13,14 @@ from align.exceptions import DataError
 from align.kernels.fused_dpo import IGNORE_INDEX, next_token_labels, reference_sequence_logprobs
 from align.model import MistralConfig, MistralForCausalLM
 from align.train.dpo_loss import DpoLossConfig, dpo_loss
-from align.train.dpo_module import DpoTrainModule, cached_preference_accuracy, pair_logprobs, preference_eval, stack_arms
+from align.train.dpo_module import (
+    DpoTrainModule,
+    cached_preference_accuracy,
+    model_scorer,
+    pair_logprobs,
+    preference_eval,
+    stack_arms,
+)
 from align.train.optim import OptimizerConfig
 from align.train.ref_cache import RefCacheKey, build_ref_cache
 from align.train.train_module import AccumInfo, TrainModuleConfig
@@ -115,7 +122,7 @@ def test_training_raises_reward_accuracy_and_eval_reports_it(tmp_path):
     model = _model()
     batches = [preference_batch(4, seed=s, start=4 * s) for s in range(2)]
     cache = _cache(tmp_path, model, batches, 8)
-    before = preference_eval(model, batches, chunk_size=8, beta=0.1, ref_cache=cache)
+    before = preference_eval(model_scorer(model, 8), batches, beta=0.1, ref_cache=cache)
     assert before["reward_margin"] == pytest.approx(0.0, abs=1e-5)
     assert before["preference_accuracy"] == pytest.approx(cached_preference_accuracy(cache))
     module = _module(model, cache, DpoLossConfig(beta=0.1), lr=3e-3)
@@ -123,8 +130,9 @@ def test_training_raises_reward_accuracy_and_eval_reports_it(tmp_path):
         module.zero_grads()
         module.train_batch(batches[step % 2], AccumInfo(0, 1, 4.0, 1))
         assert module.optim_step()
-    after = preference_eval(model, batches, chunk_size=8, beta=0.1, ref_cache=cache)
+    after = preference_eval(model_scorer(model, 8), batches, beta=0.1, ref_cache=cache)
     assert after["reward_accuracy"] == 1.0 and after["reward_margin"] > 0.1
+    assert preference_eval(module.score, batches, beta=0.1, ref_cache=cache) == after  # through the wrapped unit
     assert after["preference_accuracy"] >= before["preference_accuracy"]
 
 

@@ -1,0 +1,167 @@
+"""align.stages.dpo: DPO from the SFT checkpoint against the cached reference log-probs (`dpo_checkpoint`).
+
+    python -m align.stages.dpo --config configs/tiny/dpo.toml [table.key=value ...]
+
+Reads `<runs>/<data.reference>` (the SFT checkpoint: the policy's initial weights, and the reference the cache was
+built from), `<runs>/<data.pairs>` (preference shards) and `<runs>/<data.ref_cache>`, opened with the key this
+stage computes from those artifacts: a cache of another checkpoint, shard set, tokenizer or precision is refused.
+The reference model is never loaded. Every `data.heldout_every`-th pair (row % N == 0) is held out of training;
+after training, the preference accuracy of the SFT checkpoint (from the cache) and of the DPO policy on those
+pairs, and DPO's reward accuracy and margin there, go to `<run_dir>/metrics.json` (the receipt's metrics).
+Publishes `<run_dir>/final/` (HF format). Resumes from `<run_dir>/checkpoints/` like every Trainer stage.
+`<runs>` is $ALIGN_RUNS_DIR under the pipeline, else runs/tiny.
+
+NOTE: the held-out pairs come from the same generator as the training pairs (the bundle has no held-out preference
+split); a separate preference shard set would be the stricter test."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+
+from align.config import load_cli_config, run_dir_from_env, write_resolved_config
+from align.data.collate import collate
+from align.data.loader import BatchLoader, LoaderConfig
+from align.data.store import ShardSet
+from align.exceptions import ConfigError
+from align.exit_codes import run_with_exit_codes
+from align.model.checkpoint import load_checkpoint, tokenizer_dir_for
+from align.profile import CommonConfig
+from align.tokenizer import TokenizerConfig
+from align.train.callbacks import ProgressLine, SpeedMonitor
+from align.train.dpo_loss import DpoLossConfig
+from align.train.dpo_module import DpoTrainModule, cached_preference_accuracy, preference_eval
+from align.train.optim import OptimizerConfig
+from align.train.parallel import ParallelConfig
+from align.train.probes import ProbeConfig, Tripwires
+from align.train.ref_cache import RefCache, cache_key, length_sorted_rows
+from align.train.schedulers import SchedulerConfig
+from align.train.train_module import TrainModuleConfig
+from align.train.trainer import Trainer, TrainerConfig
+from align.utils.dist import device, init_distributed, is_rank0
+from align.utils.fsio import atomic_write_json, sha256_bytes
+from align.stages.ref_cache import tokenizer_hash
+
+
+@dataclass(frozen=True)
+class DpoDataConfig:
+    """[data] table: where the inputs are, relative to <runs>, and which pairs are held out."""
+
+    reference: str = "sft_checkpoint/final"
+    pairs: str = "shards/preference/out"
+    ref_cache: str = "ref_cache/preference"
+    ref_dtype: Literal["float32", "bfloat16"] = "float32"  # precision the cache must have been computed in
+    heldout_every: int = 10  # rows with row % N == 0 are held out for evaluation; 0: none (no held-out metrics)
+    eval_batch_pairs: int = 32
+    threads: int = 0  # torch CPU threads; 0: every core
+
+    def __post_init__(self):
+        if self.heldout_every < 0 or self.heldout_every == 1:
+            raise ValueError(f"heldout_every must be 0 or >= 2, got {self.heldout_every}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DpoStageConfig(CommonConfig):
+    train: TrainerConfig  # [train]: max_steps is required
+    data: DpoDataConfig = field(default_factory=DpoDataConfig)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    loader: LoaderConfig = field(default_factory=LoaderConfig)
+    loss: DpoLossConfig = field(default_factory=DpoLossConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    probes: ProbeConfig = field(default_factory=lambda: ProbeConfig(armed=("grad_norm", "loss_spike")))
+
+
+class RowSubset:
+    """The rows `rows` of a ShardSet renumbered 0..n-1, so a BatchLoader reads only them (the training pairs).
+    A batch's pair_index is then the subset position; `rows[pair_index]` is the shard-set (cache) row."""
+
+    def __init__(self, parent: ShardSet, rows: np.ndarray):
+        self.parent, self.rows = parent, np.asarray(rows, dtype=np.int64)
+        self.path, self.kind, self.seqs_per_row = parent.path, parent.kind, parent.seqs_per_row
+        self.manifest, self.tokenizer_hash = parent.manifest, parent.tokenizer_hash
+        self.digest = sha256_bytes(parent.digest.encode() + self.rows.tobytes())  # binds a resume to the subset
+        self.row_lengths = parent.row_lengths[self.rows]
+        self.row_loss_tokens = parent.row_loss_tokens[self.rows]
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def sequence(self, row: int, arm: int = 0):
+        return self.parent.sequence(int(self.rows[row]), arm)
+
+    def meta(self, row: int) -> dict:
+        return self.parent.meta(int(self.rows[row]))
+
+
+def split_rows(n: int, every: int) -> tuple[np.ndarray, np.ndarray]:
+    """(training rows, held-out rows) of n pairs: row % every == 0 is held out (none when every == 0)."""
+    rows = np.arange(n, dtype=np.int64)
+    held = rows % every == 0 if every else np.zeros(n, dtype=bool)
+    if held.all() or not (~held).any():
+        raise ConfigError(f"data.heldout_every = {every} leaves no training pairs out of {n}")
+    return rows[~held], rows[held]
+
+
+def heldout_metrics(module: DpoTrainModule, shards: ShardSet, cache: RefCache, rows: np.ndarray,
+                    cfg: DpoStageConfig) -> dict:
+    """Preference accuracy of the SFT checkpoint (its cached log-probs) and of the trained policy on `rows`."""
+    if not len(rows):
+        return {}
+    plan = length_sorted_rows(shards.row_lengths[rows], cfg.data.eval_batch_pairs)
+    batches = (collate(shards, rows[p]) for p in plan)  # every rank scores every batch (FSDP: collective)
+    dpo = preference_eval(module.score, batches, cfg.loss.beta, ref_cache=cache)
+    ref = cache.lookup(torch.from_numpy(rows))
+    sft_acc = float((ref.chosen > ref.rejected).float().mean())
+    return {"heldout_pairs": len(rows), "sft_preference_accuracy": sft_acc,
+            "dpo_preference_accuracy": dpo["preference_accuracy"], "dpo_reward_accuracy": dpo["reward_accuracy"],
+            "dpo_reward_margin": dpo["reward_margin"], "sft_preference_accuracy_all_pairs":
+            cached_preference_accuracy(cache)}
+
+
+def main() -> int:
+    cfg = load_cli_config(DpoStageConfig, prog="align.stages.dpo")
+    runs = Path(os.environ.get("ALIGN_RUNS_DIR", "runs/tiny"))
+    run_dir = run_dir_from_env(runs / "dpo_checkpoint")
+    init_distributed(run_dir=run_dir)
+    torch.set_num_threads(cfg.data.threads or os.cpu_count() or 1)
+    if is_rank0():
+        write_resolved_config(cfg, run_dir)
+    reference, tok_hash = runs / cfg.data.reference, tokenizer_hash(cfg.tokenizer)
+    shards = ShardSet.open(runs / cfg.data.pairs, kind="pairs", tokenizer_hash=tok_hash)
+    cache = RefCache.open(runs / cfg.data.ref_cache, cache_key(reference, shards.digest, tok_hash, cfg.data.ref_dtype),
+                          len(shards))
+    train_rows, held_rows = split_rows(len(shards), cfg.data.heldout_every)
+    model = load_checkpoint(reference, device=device())
+    module_cfg = TrainModuleConfig(optimizer=cfg.optimizer, scheduler=cfg.scheduler, parallel=cfg.parallel)
+    module = DpoTrainModule(model, module_cfg, cfg.loss, cache, cfg.train.max_steps, seed=cfg.run.seed,
+                            cache_rows=torch.from_numpy(train_rows))
+    loader = BatchLoader(RowSubset(shards, train_rows), cfg.loader, seed=cfg.run.seed)
+    n_params = sum(p.numel() for p in model.parameters())
+    tripwires = Tripwires(cfg.probes, list(module.model.parameters()), model.config.vocab_size)
+    callbacks = [SpeedMonitor(n_params), tripwires, ProgressLine(cfg.train.max_steps, label="dpo")]
+    trainer = Trainer(cfg.train, module, loader, run_dir, callbacks)
+    code = trainer.fit()
+    if code != 0:
+        return code
+    metrics = heldout_metrics(module, shards, cache, held_rows, cfg)
+    if is_rank0():
+        atomic_write_json(run_dir / "metrics.json", {**metrics, "train_pairs": len(train_rows),
+                                                     "cache_key": cache.key.digest()})
+        print("dpo: held-out preference accuracy "
+              f"SFT {metrics.get('sft_preference_accuracy', float('nan')):.3f} -> "
+              f"DPO {metrics.get('dpo_preference_accuracy', float('nan')):.3f}")
+    trainer.publish_final(run_dir / "final", tokenizer_dir=tokenizer_dir_for(reference),  # collective
+                          inputs={"reference": cache.key.reference, "pairs": shards.digest,
+                                  "ref_cache": cache.key.digest()})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(run_with_exit_codes(main))

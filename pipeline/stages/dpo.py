@@ -1,0 +1,30 @@
+"""dpo_checkpoint: DPO from the SFT checkpoint against the cached reference log-probs (configs/<profile>/dpo.toml).
+Reads the SFT checkpoint, the preference shards and their ref cache (paths from the config's [data] table)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pipeline.layout import StageCtx
+from pipeline.stage import StageSpec
+from pipeline.stages.ingest import stage_table
+
+DEFAULTS = {"reference": "sft_checkpoint/final", "pairs": "shards/preference/out", "ref_cache": "ref_cache/preference"}
+
+
+def _inputs(ctx: StageCtx) -> list[Path]:
+    data = stage_table(ctx.layout, "dpo.toml", "data")
+    paths = [data.get(k, v) if isinstance(data.get(k, v), str) else v for k, v in DEFAULTS.items()]
+    return [ctx.layout.runs / p / "manifest.json" for p in paths]
+
+
+STAGE = StageSpec(
+    name="dpo_checkpoint",
+    doc="DPO from the SFT checkpoint on cached reference log-probs -> runs/<profile>/dpo_checkpoint/final/",
+    worker="align.stages.dpo",
+    config="dpo.toml",
+    file_dep=_inputs,
+    targets=lambda ctx: [ctx.run_dir / "final" / "manifest.json"],
+    heavy=True,
+    distributed=True,
+)

@@ -75,14 +75,30 @@ def fsync_tree(root: str | os.PathLike) -> None:
 def staging_dir(final: str | os.PathLike) -> Path:
     """A fresh staging directory beside `final` (same filesystem, so publication is a rename).
 
-    Stale partials of earlier, dead writers are removed first: a `.partial-*` directory is never read as an artifact."""
+    Stale partials of earlier, dead writers are removed first (a live writer's partial is left alone): a `.partial-*`
+    directory is never read as an artifact."""
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
     for stale in final.parent.glob(f"{final.name}.partial-*"):
-        shutil.rmtree(stale, ignore_errors=True)
+        if not _writer_alive(stale.name.rpartition("-")[2]):
+            shutil.rmtree(stale, ignore_errors=True)
     staging = final.parent / f"{final.name}.partial-{os.getpid()}"
     staging.mkdir()
     return staging
+
+
+def _writer_alive(pid_text: str) -> bool:
+    """Whether the process that owns a `.partial-<pid>` directory still runs (and is not this process, whose own
+    leftover from an earlier call is stale by definition)."""
+    if not pid_text.isdigit() or int(pid_text) == os.getpid():
+        return False
+    try:
+        os.kill(int(pid_text), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by another user
+    return True
 
 
 def publish_dir(staging: str | os.PathLike, final: str | os.PathLike) -> Path:

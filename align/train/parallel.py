@@ -34,6 +34,10 @@ class ParallelConfig:
     reduce_dtype: Literal["float32", "bfloat16"] = "float32"  # FSDP2 gradient reduce-scatter dtype
     reshard_after_forward: bool = True  # FSDP2: free gathered block params after forward (ZeRO-3) or keep (ZeRO-2)
     activation_checkpointing: bool = False  # recompute each decoder block in backward (non-reentrant)
+    # Reduce gradients after every micro-batch instead of only the window's last. NOTE: skipping the reduce keeps
+    # each rank's gradient unsharded until the window ends (FSDP2), i.e. a full bf16 gradient per GPU (14.5 GB for
+    # 7B): where memory is short, sync every micro-batch and pay the extra reduce-scatters instead.
+    sync_every_micro_batch: bool = False
 
     def resolved_strategy(self, world: int) -> str:
         if self.strategy == "auto":

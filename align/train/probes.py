@@ -9,8 +9,10 @@ boundary's MAX all-reduce (align.train.control), so every rank raises the same H
     loss_spike       loss above mean + k * sigma of the last `loss_spike_window` finite losses (once
                      `loss_spike_min_history` are in): logged as `probe/loss_z` and counted as `probe/loss_spikes`;
                      `loss_spike_patience` consecutive spikes halt
-    entropy          mean predictive entropy above `entropy_max_fraction` * ln(vocab) after
-                     `entropy_after_step` steps (the model has collapsed to near-uniform), or below `entropy_min`
+    entropy          mean predictive entropy back above `entropy_max_fraction` * ln(vocab) after it had once
+                     fallen below `entropy_learned_fraction` * ln(vocab) (a model that had learned something went
+                     back to near-uniform: divergence), or below `entropy_min` (collapse); a fresh model starts
+                     near-uniform, so the upper check arms only once learning is visible
     weight_movement  relative update ||dw|| / ||w|| of a fixed sample of weights above `weight_update_max`
                      (an explosion), or exactly zero for `weight_stall_patience` applied steps (training nothing)
 
@@ -44,8 +46,8 @@ class ProbeConfig:
     loss_spike_min_history: int = 20
     loss_spike_patience: int = 3
     entropy_max_fraction: float = 0.98
+    entropy_learned_fraction: float = 0.5
     entropy_min: float | None = None
-    entropy_after_step: int = 20
     weight_update_max: float = 0.5
     weight_stall_patience: int = 5
     weight_sample: int = 1024  # elements sampled per parameter tensor (strided), per rank
@@ -130,22 +132,31 @@ class EntropyProbe:
 
     def __init__(self, cfg: ProbeConfig, vocab_size: int):
         self.cfg, self.max_entropy = cfg, math.log(vocab_size)
+        self.learned = False
 
     def observe(self, m: dict) -> str | None:
-        ent, step = m.get("entropy"), m.get("step", 0)
-        if not _finite(ent) or step < self.cfg.entropy_after_step:
+        ent = m.get("entropy")
+        if not _finite(ent):
             return None
+        self.learned = self.learned or ent < self.cfg.entropy_learned_fraction * self.max_entropy
         limit = self.cfg.entropy_max_fraction * self.max_entropy
-        if ent > limit:
-            return f"mean entropy {ent:.3f} > {limit:.3f} nats ({self.cfg.entropy_max_fraction} ln V): near-uniform"
+        if self.learned and ent > limit:
+            return (f"mean entropy {ent:.3f} > {limit:.3f} nats ({self.cfg.entropy_max_fraction} ln V) after it had "
+                    "fallen below half of ln V: back to near-uniform")
         if self.cfg.entropy_min is not None and ent < self.cfg.entropy_min:
             return f"mean entropy {ent:.3g} < entropy_min {self.cfg.entropy_min}: collapsed"
         return None
 
     def trial(self):
-        after = self.cfg.entropy_after_step
-        calm = [{"entropy": 0.5 * self.max_entropy, "step": after + i} for i in range(3)]
-        return calm, [{"entropy": self.max_entropy, "step": after + 1}]
+        fresh = [{"entropy": self.max_entropy}] * 3  # an untrained model: near-uniform, must not trip
+        learned = [{"entropy": 0.3 * self.max_entropy}] * 3
+        return fresh + learned, learned + [{"entropy": self.max_entropy}]
+
+    def state_dict(self) -> dict:
+        return {"learned": self.learned}
+
+    def load_state_dict(self, s: dict) -> None:
+        self.learned = s["learned"]
 
 
 class WeightMovementProbe:

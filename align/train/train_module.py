@@ -112,7 +112,7 @@ class TrainModule:
         self.net.train()
         batch = _to_device(batch, device())
         scale = accum.world_size / accum.global_units if accum.global_units > 0 else 0.0
-        with grad_sync(self.net, accum.is_last):
+        with grad_sync(self.net, accum.is_last or self.cfg.parallel.sync_every_micro_batch):
             out = self.net(batch)
             (out.loss * scale).backward()
         nonfinite = ~torch.isfinite(out.loss.detach())

@@ -43,11 +43,14 @@ def test_loss_spike_excludes_spikes_from_its_baseline():
     assert max(p.window) < 3.0
 
 
-def test_entropy_near_uniform_after_warmup_halts():
-    p = EntropyProbe(ProbeConfig(entropy_after_step=3), vocab_size=100)
-    assert p.observe({"entropy": math.log(100), "step": 2}) is None  # a fresh model is near-uniform
-    assert "near-uniform" in p.observe({"entropy": math.log(100), "step": 3})
-    assert p.observe({"entropy": 1.0, "step": 9}) is None
+def test_entropy_back_to_uniform_after_learning_halts_but_a_fresh_model_does_not():
+    p = EntropyProbe(ProbeConfig(), vocab_size=100)
+    assert p.observe({"entropy": math.log(100)}) is None  # a fresh model is near-uniform
+    assert p.observe({"entropy": 1.0}) is None  # learning
+    assert "near-uniform" in p.observe({"entropy": math.log(100)})
+    restored = EntropyProbe(ProbeConfig(), vocab_size=100)
+    restored.load_state_dict(p.state_dict())
+    assert restored.learned
 
 
 def test_weight_movement_explosion_and_stall():

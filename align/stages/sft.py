@@ -1,0 +1,131 @@
+"""align.stages.sft: supervised fine-tuning on the SFT shards (`sft_checkpoint`).
+
+    python -m align.stages.sft --config configs/tiny/sft.toml [table.key=value ...]
+    torchrun --nproc-per-node N -m align.stages.sft --config ...     (FSDP2 by default with several ranks)
+
+The model is `[model].base` (an HF-format checkpoint directory) or, when that is empty, a fresh Mistral of shape
+`[model.init]` seeded by `[run].seed` (the tiny profile trains from scratch). Writes into the run directory
+($ALIGN_RUN_DIR, else runs/tiny/sft_checkpoint): `resolved_config.toml`, `history.jsonl`, `checkpoints/step_<N>/`,
+`metrics.json` (first/last loss, tokens/s: the receipt's metrics) and, after a complete run, `final/` (HF format
+with the tokenizer files, manifest last). Resumes from its own newest complete checkpoint. Exit codes: 0 published,
+80 tripwire, 81 skip cap, 82 wall budget, 128+N stopped by signal N (a checkpoint was written), 2 bad input."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import torch
+
+from align.config import config_digest, load_cli_config, run_dir_from_env, write_resolved_config
+from align.data.loader import BatchLoader, LoaderConfig
+from align.data.store import ShardSet
+from align.exit_codes import run_with_exit_codes
+from align.model import MistralConfig, MistralForCausalLM
+from align.model.checkpoint import checkpoint_content_hash, load_checkpoint
+from align.profile import CommonConfig
+from align.tokenizer import TokenizerConfig
+from align.tokenizer.tokenizer import resolve_tokenizer_dir
+from align.train.callbacks import ProgressLine, SpeedMonitor
+from align.train.optim import OptimizerConfig
+from align.train.parallel import ParallelConfig
+from align.train.probes import ProbeConfig, Tripwires
+from align.train.schedulers import SchedulerConfig
+from align.train.sft_loss import SftLossConfig
+from align.train.sft_module import SftTrainModule
+from align.train.train_module import TrainModuleConfig
+from align.train.trainer import Trainer, TrainerConfig
+from align.utils.dist import device, init_distributed, is_rank0
+from align.utils.fsio import atomic_write_json, sha256_file
+from align.utils.tracking import read_history
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class SftModelConfig:
+    """[model] table: where the weights come from and the dtype they are held in."""
+
+    base: str = ""  # HF checkpoint directory (e.g. a Mistral-7B-v0.3 snapshot); empty: initialise [model.init]
+    init: MistralConfig = field(default_factory=MistralConfig)  # shape of a from-scratch model
+    dtype: Literal["float32", "bfloat16"] = "float32"  # parameter dtype (bf16 pairs with adamw8bit)
+
+
+@dataclass(frozen=True)
+class SftDataConfig:
+    """[data] table."""
+
+    shards: str = "shards/sft/out"  # relative to <runs> ($ALIGN_RUNS_DIR, else runs/tiny)
+    threads: int = 0  # torch CPU threads per rank; 0: every core
+    peak_flops_per_s: float = 0.0  # hardware peak for the MFU column; 0: not reported
+
+
+@dataclass(frozen=True, kw_only=True)
+class SftStageConfig(CommonConfig):
+    train: TrainerConfig  # [train]: max_steps is required
+    model: SftModelConfig = field(default_factory=SftModelConfig)
+    data: SftDataConfig = field(default_factory=SftDataConfig)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    loader: LoaderConfig = field(default_factory=LoaderConfig)
+    loss: SftLossConfig = field(default_factory=SftLossConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    probes: ProbeConfig = field(default_factory=ProbeConfig)
+
+
+def build_model(cfg: SftStageConfig) -> MistralForCausalLM:
+    dtype = DTYPES[cfg.model.dtype]
+    if cfg.model.base:
+        return load_checkpoint(cfg.model.base, dtype=dtype, device=device())
+    torch.manual_seed(cfg.run.seed)  # the same initial weights on every rank and every attempt
+    return MistralForCausalLM(cfg.model.init).to(device=device(), dtype=dtype)
+
+
+def write_metrics(run_dir: Path) -> dict:
+    rows = [r for r in read_history(run_dir / "history.jsonl") if r.get("loss") is not None]
+    tail = rows[-10:]
+    rates = [r["tokens_per_s"] for r in rows[1:] if r.get("tokens_per_s")]
+    metrics = {"steps": rows[-1]["step"] if rows else 0, "first_loss": rows[0]["loss"] if rows else None,
+               "final_loss": sum(r["loss"] for r in tail) / len(tail) if tail else None,
+               "tokens_per_s": sum(rates) / len(rates) if rates else None}
+    atomic_write_json(run_dir / "metrics.json", metrics)
+    return metrics
+
+
+def main() -> int:
+    cfg = load_cli_config(SftStageConfig, prog="align.stages.sft")
+    runs = Path(os.environ.get("ALIGN_RUNS_DIR", "runs/tiny"))
+    run_dir = run_dir_from_env(runs / "sft_checkpoint")
+    init_distributed(run_dir=run_dir)
+    torch.set_num_threads(cfg.data.threads or os.cpu_count() or 1)
+    if is_rank0():
+        write_resolved_config(cfg, run_dir)
+    tok_dir = resolve_tokenizer_dir(cfg.tokenizer.path)
+    shards = ShardSet.open(runs / cfg.data.shards, kind="sft", tokenizer_hash=sha256_file(tok_dir / "tokenizer.json"))
+    model = build_model(cfg)
+    n_params = sum(p.numel() for p in model.parameters())
+    module_cfg = TrainModuleConfig(optimizer=cfg.optimizer, scheduler=cfg.scheduler, parallel=cfg.parallel)
+    module = SftTrainModule(model, module_cfg, cfg.loss, cfg.train.max_steps, seed=cfg.run.seed)
+    if is_rank0():
+        print(f"sft: {n_params / 1e6:.2f}M parameters, {len(shards)} rows; {module.banner}", flush=True)
+    loader = BatchLoader(shards, cfg.loader, seed=cfg.run.seed)
+    callbacks = [SpeedMonitor(n_params, cfg.data.peak_flops_per_s or None),
+                 Tripwires(cfg.probes, list(module.model.parameters()), model.config.vocab_size),
+                 ProgressLine(cfg.train.max_steps, label="sft")]
+    trainer = Trainer(cfg.train, module, loader, run_dir, callbacks)
+    code = trainer.fit()
+    if code != 0:
+        return code
+    base = checkpoint_content_hash(cfg.model.base) if cfg.model.base else config_digest(cfg.model.init)
+    trainer.publish_final(run_dir / "final", tokenizer_dir=tok_dir,  # collective: every rank calls it
+                          inputs={"shards": shards.digest, "base": base})
+    if is_rank0():
+        print(f"sft: {write_metrics(run_dir)}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(run_with_exit_codes(main))

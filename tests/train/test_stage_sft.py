@@ -1,0 +1,99 @@
+"""align.stages.sft on real artifacts: an SFT shard set built by the data pipeline from a parquet file, the
+vendored tokenizer, the profile configs. The worker's main() runs in this process (as the launcher would run it)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from align.config import load_config
+from align.data.ingest_parquet import SourceConfig, ingest_source
+from align.data.shard_build import ShardBuildConfig, build_shards
+from align.exceptions import ConfigError
+from align.exit_codes import run_with_exit_codes
+from align.stages.sft import SftStageConfig
+from align.tokenizer import TokenizerConfig
+from align.utils.manifest import read_manifest
+from align.utils.tracking import read_history
+from train_helpers import assert_bitwise_equal
+
+ROOT = Path(__file__).resolve().parents[2]
+SMALL = ["model.init.hidden_size=32", "model.init.intermediate_size=64", "model.init.num_hidden_layers=1",
+         "loader.micro_batch_size=4", "data.threads=1", "train.max_steps=4", "train.checkpoint_every=2"]
+
+
+@pytest.mark.parametrize("profile", ["tiny", "smoke", "mistral7b"])
+def test_profile_configs_validate(profile):
+    cfg = load_config(ROOT / "configs" / profile / "sft.toml", SftStageConfig)
+    assert cfg.train.max_steps > 0 and cfg.model.init.vocab_size == 32768
+    if profile == "mistral7b":
+        assert cfg.optimizer.name == "adamw8bit" and cfg.parallel.strategy == "fsdp" and cfg.model.base
+
+
+def test_unknown_key_names_file_and_table(tmp_path):
+    bad = tmp_path / "sft.toml"
+    bad.write_text('[train]\nmax_steps = 2\n[optimizer]\nlearning_rate = 1.0\n')
+    with pytest.raises(ConfigError, match=r"sft.toml: \[optimizer\] unknown key 'learning_rate'"):
+        load_config(bad, SftStageConfig)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("sft_stage")
+    rows = [{"prompt": f"What is {i} plus {i % 7}?" + " Think." * (i % 3),
+             "response": f"{i} + {i % 7} = {i + i % 7}.\nThe answer is \\boxed{{{i + i % 7}}}."} for i in range(40)]
+    pq.write_table(pa.Table.from_pylist(rows), tmp / "sft.parquet")
+    ingest_source("sft", SourceConfig(path=str(tmp / "sft.parquet"), kind="sft", format="prompt_response",
+                                      batch_rows=64), tmp / "records")
+    runs = tmp / "runs"
+    build_shards(tmp / "records", runs / "shards" / "sft" / "out", TokenizerConfig(), ShardBuildConfig(workers=1))
+    return runs
+
+
+def run_sft(runs: Path, run_dir: Path, *overrides: str) -> int:
+    from align.stages import sft
+
+    saved = (dict(os.environ), sys.argv, torch.get_num_threads())
+    os.environ.update({"ALIGN_RUNS_DIR": str(runs), "ALIGN_RUN_DIR": str(run_dir)})
+    sys.argv = ["sft", "--config", str(ROOT / "configs/smoke/sft.toml"), *SMALL, *overrides]
+    try:
+        return run_with_exit_codes(sft.main)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved[0])
+        sys.argv = saved[1]
+        torch.set_num_threads(saved[2])
+
+
+def test_worker_trains_and_publishes_the_run_directory(runs, tmp_path):
+    run_dir = tmp_path / "sft"
+    assert run_sft(runs, run_dir) == 0
+    final = read_manifest(run_dir / "final", kind="hf_checkpoint")
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(final["files"])
+    assert set(final["inputs"]) == {"shards", "base"}
+    assert (run_dir / "resolved_config.toml").is_file()
+    rows = read_history(run_dir / "history.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3, 4] and rows[-1]["loss"] < rows[0]["loss"]
+    assert {"loss", "grad_norm", "lr", "tokens_per_s", "entropy", "probe/weight_update"} <= set(rows[0])
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["steps"] == 4 and metrics["final_loss"] < metrics["first_loss"]
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_4"]  # keep_last = 1
+
+    from align.model.checkpoint import load_checkpoint
+
+    first = load_checkpoint(run_dir / "final").state_dict()
+    assert run_sft(runs, run_dir) == 0  # a rerun resumes at step 4: nothing to train, the same weights
+    assert_bitwise_equal(first, load_checkpoint(run_dir / "final").state_dict())
+    assert len(read_history(run_dir / "history.jsonl")) == 4
+
+
+def test_bad_shards_path_is_one_clear_error(runs, tmp_path, capsys):
+    assert run_sft(runs, tmp_path / "sft", "data.shards=shards/nope/out") == 2
+    assert "shards/nope/out" in capsys.readouterr().err

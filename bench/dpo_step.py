@@ -76,7 +76,7 @@ def _cache_key():
 def side_cache(args) -> dict:
     import torch
 
-    from align.train.dpo_module import pair_logprobs
+    from align.kernels.fused_dpo import pair_logprobs
     from align.train.ref_cache import build_ref_cache
 
     model = _align_model().eval()
@@ -91,8 +91,6 @@ def side_cache(args) -> dict:
 
 
 def side_align(args) -> dict:
-    import torch
-
     from align.train.dpo_loss import DpoLossConfig
     from align.train.dpo_module import DpoTrainModule
     from align.train.optim import OptimizerConfig

@@ -24,8 +24,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 IGNORE_INDEX = -100
+ARMS = ("chosen", "rejected")
 
 
 @dataclass(frozen=True)
@@ -119,6 +121,39 @@ def model_sequence_logprobs(model, input_ids: torch.Tensor, attention_mask: torc
     """Score a batch with an align causal LM (`forward_hidden` + `lm_head`): input-aligned labels, -100 = unscored."""
     hidden = model.forward_hidden(input_ids, attention_mask)  # (B, T, D)
     return sequence_logprobs(hidden, model.lm_head.weight, next_token_labels(labels), chunk_size=chunk_size)
+
+
+@dataclass(frozen=True)
+class PairLogprobs:
+    chosen: torch.Tensor  # (B,) summed completion log-probs, differentiable when grad is on
+    rejected: torch.Tensor
+    chosen_tokens: torch.Tensor  # (B,) int64
+    rejected_tokens: torch.Tensor
+
+
+def stack_arms(batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A preference batch (docs/CONTRACTS.md) as chosen rows then rejected rows, right-padded to one length:
+    input_ids, attention_mask, labels, each (2B, T)."""
+    t = max(batch[f"{arm}_input_ids"].shape[1] for arm in ARMS)
+
+    def pad(key: str, value) -> torch.Tensor:
+        x = batch[key]
+        return F.pad(x, (0, t - x.shape[1]), value=value)
+
+    ids = torch.cat([pad(f"{a}_input_ids", 0) for a in ARMS])
+    mask = torch.cat([pad(f"{a}_attention_mask", False) for a in ARMS]).bool()
+    labels = torch.cat([pad(f"{a}_labels", IGNORE_INDEX) for a in ARMS])
+    return ids, mask, labels
+
+
+def pair_logprobs(model, batch: dict, chunk_size: int = 1024) -> PairLogprobs:
+    """Both arms of every pair of a preference batch scored in ONE forward of `model` (on the model's device)."""
+    dev = model.lm_head.weight.device
+    ids, mask, labels = (x.to(dev) for x in stack_arms(batch))  # shape: (2B, T)
+    seq = model_sequence_logprobs(model, ids, mask, labels, chunk_size=chunk_size)
+    chosen, rejected = seq.logps.chunk(2)
+    chosen_tokens, rejected_tokens = seq.tokens.chunk(2)
+    return PairLogprobs(chosen, rejected, chosen_tokens, rejected_tokens)
 
 
 def reference_sequence_logprobs(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,

@@ -35,11 +35,11 @@ from align.profile import CommonConfig
 from align.tokenizer import TokenizerConfig
 from align.train.callbacks import ProgressLine, SpeedMonitor
 from align.train.dpo_loss import DpoLossConfig
-from align.train.dpo_module import DpoTrainModule, cached_preference_accuracy, preference_eval
+from align.train.dpo_module import DpoTrainModule, preference_eval
 from align.train.optim import OptimizerConfig
 from align.train.parallel import ParallelConfig
 from align.train.probes import ProbeConfig, Tripwires
-from align.train.ref_cache import RefCache, cache_key, length_sorted_rows
+from align.train.ref_cache import RefCache, cache_key, cached_preference_accuracy, length_sorted_rows
 from align.train.schedulers import SchedulerConfig
 from align.train.train_module import TrainModuleConfig
 from align.train.trainer import Trainer, TrainerConfig
@@ -125,8 +125,7 @@ def heldout_metrics(module: DpoTrainModule, shards: ShardSet, cache: RefCache, r
     plan = length_sorted_rows(shards.row_lengths[rows], cfg.data.eval_batch_pairs)
     batches = (collate(shards, rows[p]) for p in plan)  # every rank scores every batch (FSDP: collective)
     dpo = preference_eval(module.score, batches, cfg.loss.beta, ref_cache=cache)
-    ref = cache.lookup(torch.from_numpy(rows))
-    sft_acc = float((ref.chosen > ref.rejected).float().mean())
+    sft_acc = cached_preference_accuracy(cache, torch.from_numpy(rows))
     return {"heldout_pairs": len(rows), "sft_preference_accuracy": sft_acc,
             "dpo_preference_accuracy": dpo["preference_accuracy"], "dpo_reward_accuracy": dpo["reward_accuracy"],
             "dpo_reward_margin": dpo["reward_margin"], "sft_preference_accuracy_all_pairs":

@@ -26,8 +26,8 @@ from align.exit_codes import run_with_exit_codes
 from align.profile import CommonConfig
 from align.tokenizer import TokenizerConfig
 from align.tokenizer.tokenizer import resolve_tokenizer_dir
-from align.train.dpo_module import cached_preference_accuracy, on_device, pair_logprobs
-from align.train.ref_cache import cache_key, ensure_ref_cache, length_sorted_rows
+from align.kernels.fused_dpo import pair_logprobs
+from align.train.ref_cache import cache_key, cached_preference_accuracy, ensure_ref_cache, length_sorted_rows
 from align.utils.dist import device
 from align.utils.fsio import atomic_write_json, sha256_file
 
@@ -67,7 +67,7 @@ def _prepare(reference: Path, shards: ShardSet, scoring: RefScoringConfig):
 
     @torch.no_grad()
     def score(batch: dict):
-        s = pair_logprobs(model, on_device(batch), scoring.chunk_size)
+        s = pair_logprobs(model, batch, scoring.chunk_size)
         return s.chosen, s.rejected, s.chosen_tokens, s.rejected_tokens
 
     return batches, score

@@ -12,60 +12,20 @@ mean of each micro-batch's chosen-token mean (equal to TRL's token mean when a w
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable, Iterable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from align.exceptions import DataError
-from align.kernels.fused_dpo import IGNORE_INDEX, model_sequence_logprobs
+from align.kernels.fused_dpo import ARMS, PairLogprobs, pair_logprobs
 from align.train.dpo_loss import DpoLossConfig, dpo_loss
 from align.train.ref_cache import RefCache
 from align.train.train_module import LossOutput, TrainModule, TrainModuleConfig
-from align.utils.dist import device
 
-ARMS = ("chosen", "rejected")
 SCORE_ONLY = "_score_only"  # batch flag: `loss` returns the pair log-probs instead of a loss (evaluation)
 SUM_KEYS = ("pairs", "objective_sum", "pref_loss_sum", "nll_sum", "chosen_reward_sum", "rejected_reward_sum",
             "margin_sum", "correct", "chosen_logps_sum", "rejected_logps_sum", "input_tokens")
-
-
-@dataclass(frozen=True)
-class PairLogprobs:
-    chosen: torch.Tensor  # (B,) summed completion log-probs, differentiable when grad is on
-    rejected: torch.Tensor
-    chosen_tokens: torch.Tensor  # (B,) int64
-    rejected_tokens: torch.Tensor
-
-
-def on_device(batch: dict) -> dict:
-    """The batch's tensors on this rank's device (lists and other values untouched)."""
-    return {k: v.to(device(), non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
-
-
-def stack_arms(batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Chosen rows then rejected rows, right-padded to one length: input_ids, attention_mask, labels, each (2B, T)."""
-    t = max(batch[f"{arm}_input_ids"].shape[1] for arm in ARMS)
-
-    def pad(key: str, value) -> torch.Tensor:
-        x = batch[key]
-        return F.pad(x, (0, t - x.shape[1]), value=value)
-
-    ids = torch.cat([pad(f"{a}_input_ids", 0) for a in ARMS])
-    mask = torch.cat([pad(f"{a}_attention_mask", False) for a in ARMS]).bool()
-    labels = torch.cat([pad(f"{a}_labels", IGNORE_INDEX) for a in ARMS])
-    return ids, mask, labels
-
-
-def pair_logprobs(model: nn.Module, batch: dict, chunk_size: int) -> PairLogprobs:
-    """One stacked forward of `model` over both arms of every pair in `batch`."""
-    ids, mask, labels = stack_arms(batch)  # shape: (2B, T)
-    seq = model_sequence_logprobs(model, ids, mask, labels, chunk_size=chunk_size)
-    chosen, rejected = seq.logps.chunk(2)
-    chosen_tokens, rejected_tokens = seq.tokens.chunk(2)
-    return PairLogprobs(chosen, rejected, chosen_tokens, rejected_tokens)
 
 
 def check_tokens_match(cache: RefCache, pair_index: torch.Tensor, scored: PairLogprobs) -> None:
@@ -120,7 +80,7 @@ class DpoTrainModule(TrainModule):
         of batches."""
         self.net.eval()
         try:
-            return self.net({**on_device(batch), SCORE_ONLY: True})
+            return self.net({**batch, SCORE_ONLY: True})
         finally:
             self.net.train()
 
@@ -183,9 +143,3 @@ def preference_eval(score: Callable[[dict], PairLogprobs], batches: Iterable[dic
         out.update({"reward_accuracy": reward_correct / n if n else float("nan"),
                     "reward_margin": margin / n if n else float("nan")})
     return out
-
-
-def cached_preference_accuracy(cache: RefCache) -> float:
-    """Preference accuracy of the reference (SFT) policy on the cached pairs: no model needed."""
-    rows = cache.all_rows()
-    return float((rows["chosen_logps"] > rows["rejected_logps"]).float().mean())

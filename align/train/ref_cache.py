@@ -125,6 +125,14 @@ def _check_tensors(file: Path, tensors: dict[str, torch.Tensor], rows: int) -> N
             raise ArtifactError(f"{file}: {name} row {int(bad[0])} has no completion tokens")
 
 
+def cached_preference_accuracy(cache: RefCache, rows: torch.Tensor | None = None) -> float:
+    """Preference accuracy of the reference policy (fraction of pairs with log pi_ref(y_c) > log pi_ref(y_r)) on
+    `rows` (all when None), from the cache alone: the SFT checkpoint's baseline without loading it."""
+    rows = torch.arange(len(cache)) if rows is None else rows
+    ref = cache.lookup(rows)
+    return float((ref.chosen > ref.rejected).float().mean())
+
+
 def probe_cache(path: str | Path, key: RefCacheKey, rows: int) -> RefCache | None:
     """The cache at `path` if it is complete and matches `key` and `rows`; None if absent or stale (for the builder's
     hit/miss decision only: a trainer calls `RefCache.open`, which raises instead)."""

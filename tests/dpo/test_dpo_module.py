@@ -13,14 +13,9 @@ from align.exceptions import DataError
 from align.kernels.fused_dpo import IGNORE_INDEX, next_token_labels, reference_sequence_logprobs
 from align.model import MistralConfig, MistralForCausalLM
 from align.train.dpo_loss import DpoLossConfig, dpo_loss
-from align.train.dpo_module import (
-    DpoTrainModule,
-    cached_preference_accuracy,
-    model_scorer,
-    pair_logprobs,
-    preference_eval,
-    stack_arms,
-)
+from align.kernels.fused_dpo import pair_logprobs, stack_arms
+from align.train.dpo_module import DpoTrainModule, model_scorer, preference_eval
+from align.train.ref_cache import cached_preference_accuracy
 from align.train.optim import OptimizerConfig
 from align.train.ref_cache import RefCacheKey, build_ref_cache
 from align.train.train_module import AccumInfo, TrainModuleConfig

@@ -13,7 +13,7 @@ import torch
 from align.data.collate import collate
 from align.data.store import ShardSet
 from align.model.checkpoint import load_checkpoint
-from align.train.dpo_module import pair_logprobs
+from align.kernels.fused_dpo import pair_logprobs
 from align.train.ref_cache import RefCache, cache_key
 from stage_fixtures import build_pair_shards, pair_rows, run_worker, save_tiny_checkpoint
 

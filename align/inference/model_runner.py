@@ -3,8 +3,9 @@
 The step's tokens from all sequences are one flat (N, D) batch: embeddings, norms, projections, MLPs and RoPE
 are per token, so they run on exactly the real tokens with no padding. Only attention looks across tokens, and it
 goes through `paged_attention` per query-shape group. Decoding sequences are laid out first so their group is a
-contiguous slice. The model's own submodules are called (`input_layernorm`, `self_attn.qkv`, `o_proj`, `mlp`,
-`model.norm`, `lm_head`), so the engine computes the same function as `MistralForCausalLM.forward`.
+contiguous slice. The layers run through `FusedDecoder` (the model's weights with q/k/v and gate/up fused, see
+fused_layers.py) and the model's own `embed_tokens`, `rope`, `o_proj`, `down_proj`, `norm` and `lm_head`, so the
+engine computes the same function as `MistralForCausalLM.forward`.
 
 Logits are only computed for the rows that sample; the sampler then works through them in blocks of rows small
 enough to stay in cache for the several passes it makes over each."""
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from align.inference.fused_layers import FusedDecoder
 from align.inference.paged_attention import AttnGroup, build_group, group_attention, write_kv
 from align.inference.sampler import RowParams, sample
 from align.inference.scheduler import StepPlan
@@ -47,6 +49,7 @@ class ModelRunner:
         # turns 0 * NaN into NaN in the output.
         self.k_cache = torch.zeros(shape, dtype=weight.dtype, device=self.device)
         self.v_cache = torch.zeros(shape, dtype=weight.dtype, device=self.device)
+        self.decoder = FusedDecoder(model)
 
     @staticmethod
     def bytes_per_block(cfg, block_size: int, dtype: torch.dtype) -> int:
@@ -92,18 +95,20 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, inputs: StepInputs) -> torch.Tensor:
         """Run all layers over the step's tokens; return final-normed hidden states of the sampling rows (S, D)."""
-        m = self.model.model
+        m, dec = self.model.model, self.decoder
+        dec.refresh()  # the model's weights may have changed in place (a shared policy): never run stale copies
         hidden = m.embed_tokens(inputs.input_ids)  # (N, D)
         rope = m.layers[0].self_attn.rope(inputs.positions, hidden.dtype) if len(m.layers) else None
         for i, layer in enumerate(m.layers):
-            attn = layer.self_attn
-            q, k, v = attn.qkv(layer.input_layernorm(hidden), rope=rope)  # (N, H, Dh), (N, KVH, Dh) x2
+            q, k, v = dec.qkv(i, hidden, rope)  # (N, H, Dh), (N, KVH, Dh) x2
             write_kv(self.k_cache[i], self.v_cache[i], inputs.slots, k, v)
-            out = torch.empty_like(q)
-            for g in inputs.groups:
-                out[g.token_slice] = group_attention(q[g.token_slice], self.k_cache[i], self.v_cache[i], g)
-            hidden = hidden + attn.o_proj(out.flatten(1))  # (N, H * Dh) -> (N, D)
-            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+            if len(inputs.groups) == 1:
+                out = group_attention(q, self.k_cache[i], self.v_cache[i], inputs.groups[0])
+            else:
+                out = torch.empty_like(q)
+                for g in inputs.groups:
+                    out[g.token_slice] = group_attention(q[g.token_slice], self.k_cache[i], self.v_cache[i], g)
+            hidden = dec.mlp(i, hidden + layer.self_attn.o_proj(out.flatten(1)))  # (N, H * Dh) -> (N, D)
         return m.norm(hidden[inputs.sample_index])
 
     @torch.inference_mode()

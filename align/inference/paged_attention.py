@@ -65,9 +65,12 @@ def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, 
 
 
 def _gather(cache: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
-    """(num_blocks, bs, KVH, Dh) gathered by (R, nb) -> (R, KVH, nb * bs, Dh)."""
-    blocks = cache[block_tables]  # (R, nb, bs, KVH, Dh)
-    return blocks.flatten(1, 2).transpose(1, 2)
+    """(num_blocks, bs, KVH, Dh) gathered by (R, nb) -> (R, KVH, nb * bs, Dh) (a transposed view)."""
+    R, nb = block_tables.shape
+    # NOTE: index_select on whole blocks (rows of bs * KVH * Dh), not cache[block_tables]: the advanced-indexing
+    # path measured 4-7x slower on CPU for the same copy.
+    blocks = cache.view(cache.shape[0], -1).index_select(0, block_tables.view(-1))
+    return blocks.view(R, nb * cache.shape[1], *cache.shape[2:]).transpose(1, 2)
 
 
 def group_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, group: AttnGroup) -> torch.Tensor:

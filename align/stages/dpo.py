@@ -45,6 +45,7 @@ from align.train.train_module import TrainModuleConfig
 from align.train.trainer import Trainer, TrainerConfig
 from align.utils.dist import device, init_distributed, is_rank0
 from align.utils.fsio import atomic_write_json, sha256_bytes
+from align.utils.tracking import read_history
 from align.stages.ref_cache import DTYPES, tokenizer_hash
 
 
@@ -112,7 +113,7 @@ def split_rows(n: int, every: int) -> tuple[np.ndarray, np.ndarray]:
     """(training rows, held-out rows) of n pairs: row % every == 0 is held out (none when every == 0)."""
     rows = np.arange(n, dtype=np.int64)
     held = rows % every == 0 if every else np.zeros(n, dtype=bool)
-    if held.all() or not (~held).any():
+    if not (~held).any():
         raise ConfigError(f"data.heldout_every = {every} leaves no training pairs out of {n}")
     return rows[~held], rows[held]
 
@@ -130,6 +131,14 @@ def heldout_metrics(module: DpoTrainModule, shards: ShardSet, cache: RefCache, r
             "dpo_preference_accuracy": dpo["preference_accuracy"], "dpo_reward_accuracy": dpo["reward_accuracy"],
             "dpo_reward_margin": dpo["reward_margin"], "sft_preference_accuracy_all_pairs":
             cached_preference_accuracy(cache)}
+
+
+def train_summary(run_dir: Path) -> dict:
+    """The last logged window's loss and reward statistics (training batches), for the receipt."""
+    rows = read_history(run_dir / "history.jsonl")
+    last = rows[-1] if rows else {}
+    keys = ("loss", "rewards/accuracy", "rewards/margin", "rewards/chosen", "rewards/rejected")
+    return {"steps": last.get("step", 0), **{f"train_{k.replace('/', '_')}": last.get(k) for k in keys}}
 
 
 def main() -> int:
@@ -159,8 +168,8 @@ def main() -> int:
         return code
     metrics = heldout_metrics(module, shards, cache, held_rows, cfg)
     if is_rank0():
-        atomic_write_json(run_dir / "metrics.json", {**metrics, "train_pairs": len(train_rows),
-                                                     "cache_key": cache.key.digest()})
+        atomic_write_json(run_dir / "metrics.json", {**metrics, **train_summary(run_dir),
+                                                     "train_pairs": len(train_rows), "cache_key": cache.key.digest()})
         print("dpo: held-out preference accuracy "
               f"SFT {metrics.get('sft_preference_accuracy', float('nan')):.3f} -> "
               f"DPO {metrics.get('dpo_preference_accuracy', float('nan')):.3f}")

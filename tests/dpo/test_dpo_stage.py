@@ -66,7 +66,7 @@ def test_trains_logs_rewards_and_records_heldout_accuracy(runs, monkeypatch):
     assert len(loads) == 1  # the policy's initial weights; no reference model
     assert (run_dir / "final" / "manifest.json").is_file()
     metrics = json.loads((run_dir / "metrics.json").read_text())
-    assert metrics["heldout_pairs"] == 4 and metrics["train_pairs"] == 16
+    assert metrics["heldout_pairs"] == 4 and metrics["train_pairs"] == 16 and metrics["steps"] == 4
     for key in ("sft_preference_accuracy", "dpo_preference_accuracy", "dpo_reward_accuracy", "dpo_reward_margin"):
         assert 0.0 <= metrics[key] <= 1.0 or key == "dpo_reward_margin"
     rows = read_history(run_dir / "history.jsonl")

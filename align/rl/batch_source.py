@@ -1,0 +1,204 @@
+"""`GrpoBatchSource`: the GRPO stage's loader. Samples rollouts, scores them, and yields optimizer-step windows.
+
+Per rollout (this rank's share: P / world_size prompts x G samples):
+    1. prompts from the seeded curriculum (align.rl.curriculum); one RolloutRequest per prompt, G samples, each with
+       a seed derived from (run seed, rollout, round, row), so the samples are a pure function of the weights
+    2. every result's weight version must equal the policy's current version (the engine must sample from what is
+       being trained; a mismatch is a bug in the weight push and raises)
+    3. rewards (align.rl.rewards.CompositeReward); a group with an invalid sample (unreadable gold, sampler error) is
+       dropped; with dynamic sampling a group whose rewards are all equal is dropped too, and fresh prompts top the
+       rollout up, for at most `max_rounds` more rounds; still short, the dropped groups fill the gap (their
+       advantages are 0: they add no gradient, but every rank keeps the same number of micro-batches)
+    4. the training model's log-probs at the rollout's weights (`old_logprobs = "recompute"`; the exact pi_old of
+       the ratio, and rho's numerator), the reference's when the loss or the reward has a KL term
+    5. advantages per group (align.rl.advantages), then `num_minibatches` windows (align.rl.assembly)
+A window whose rollout is staler than `max_staleness` optimizer steps when it comes up is trained
+(`on_stale = "correct"`: the ratio and rho account for it) or dropped with the rest of its rollout ("refuse").
+
+Resume: `state_dict()` after a step holds the curriculum position, the rollout counter and the windows of the current
+rollout not yet trained (tensors), so a resumed run trains exactly the batches an uninterrupted one would."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import torch
+
+from align.exceptions import DataError
+from align.inference.config import SamplingParams
+from align.inference.sequence import derive_seed
+from align.rl.advantages import AdvantageConfig, group_advantages, zero_variance
+from align.rl.assembly import assemble, select_rows, split_windows, window_seed
+from align.rl.curriculum import PromptCurriculum
+from align.rl.rewards import CompositeReward
+from align.rl.stage_config import DynamicSamplingConfig, RolloutShape
+from align.rl.types import Group, ScoredSample
+from align.rollout.protocol import RolloutClient, RolloutRequest
+
+STATE_VERSION = 1
+STAT_KEYS = ("rollout/gen_s", "rollout/score_s", "rollout/gen_tokens", "rollout/groups_generated",
+             "rollout/groups_kept", "rollout/groups_zero_var", "rollout/groups_filled", "rollout/groups_invalid",
+             "rollout/rounds", "rollout/refused_windows", "rollout/ranks")
+MAX_FILL_ROUNDS = 50  # bound on extra rounds when too few groups are valid at all (unreadable golds everywhere)
+
+Scorer = Callable[[dict], torch.Tensor]  # micro-batch -> (N, C) log-probs at the sampling temperature
+
+
+@dataclass
+class PromptSet:
+    """What the source reads per prompt row: token ids and gold answer (a ShardSet of kind "prompts" fits)."""
+
+    ids: Callable[[int], tuple[int, ...]]
+    gold: Callable[[int], str]
+    groups: list[str]
+
+    @classmethod
+    def from_shards(cls, shards) -> "PromptSet":
+        metas = [shards.meta(r) for r in range(len(shards))]
+        return cls(ids=lambda r: tuple(int(t) for t in shards.sequence(int(r))[0]),
+                   gold=lambda r: metas[int(r)]["gold"], groups=[str(m["group"]) for m in metas])
+
+
+class GrpoBatchSource:
+    def __init__(self, prompts: PromptSet, client: RolloutClient, decode: Callable[[list[int]], str],
+                 reward: CompositeReward, curriculum: PromptCurriculum, shape: RolloutShape,
+                 dynamic: DynamicSamplingConfig, advantage: AdvantageConfig, *, seed: int, eos_id: int,
+                 policy_version: Callable[[], int], old_scorer: Scorer | None = None,
+                 ref_scorer: Scorer | None = None, world_size: int = 1):
+        self.prompts, self.client, self.decode, self.reward = prompts, client, decode, reward
+        self.curriculum, self.shape, self.dynamic, self.advantage = curriculum, shape, dynamic, advantage
+        self.seed, self.policy_version = seed, policy_version
+        self.old_scorer, self.ref_scorer = old_scorer, ref_scorer
+        self.local_prompts = shape.check_world(world_size)
+        self.params = SamplingParams(temperature=shape.temperature, max_new_tokens=shape.max_new_tokens,
+                                     stop_token_ids=(eos_id,))
+        if shape.old_logprobs == "recompute" and old_scorer is None:
+            raise ValueError("GrpoBatchSource: old_logprobs = 'recompute' needs old_scorer")
+        if reward.needs_reference and ref_scorer is None:
+            raise ValueError("GrpoBatchSource: reward KL shaping needs ref_scorer")
+        self.rollouts = 0  # rollouts sampled so far (the seed stream's clock)
+        self.refused = 0
+        self.pending: list[list[dict]] = []  # windows of the current rollout not yet yielded
+
+    # ------------------------------------------------------------------------------------------------ iteration
+    def __iter__(self) -> Iterator[list[dict]]:
+        while True:
+            if not self.pending:
+                self.pending = self._rollout()
+            window = self.pending.pop(0)  # advance before yielding: state_dict() after the step resumes past it
+            lag = self.policy_version() - int(window[0]["weight_version"][0])
+            if lag > self.shape.staleness_bound and self.shape.on_stale == "refuse":
+                self.refused += 1 + len(self.pending)
+                self.pending = []
+                continue
+            yield window
+
+    def _rollout(self) -> list[list[dict]]:
+        t0 = time.perf_counter()
+        groups, counts = self._sample_groups()
+        gen_s = time.perf_counter() - t0
+        advantages = torch.zeros(len(groups), self.shape.samples)
+        batch = assemble(groups, advantages, self.shape.truncated)
+        t1 = time.perf_counter()
+        if self.old_scorer is not None:
+            batch["old_logprobs"] = self._score(batch, self.old_scorer)
+        if self.ref_scorer is not None:
+            batch["ref_logprobs"] = self._score(batch, self.ref_scorer)
+            if self.reward.needs_reference:
+                groups = self._shape_with_kl(groups, batch)
+        rewards = torch.tensor([g.totals for g in groups], dtype=torch.float64)
+        batch["rewards"] = rewards.reshape(-1).float()
+        batch["advantages"] = group_advantages(rewards, self.advantage).reshape(-1).float()
+        score_s = time.perf_counter() - t1
+        windows = split_windows(batch, self.shape.num_minibatches, self.shape.micro_batch_size,
+                                window_seed(self.seed, self.rollouts))
+        stats = {**counts, "rollout/gen_s": gen_s, "rollout/score_s": score_s, "rollout/refused_windows":
+                 float(self.refused), "rollout/ranks": 1.0}
+        self.rollouts += 1
+        self.refused = 0
+        for j, window in enumerate(windows):  # rollout numbers on its first step; zeros keep the columns
+            window[0]["stats"] = stats if j == 0 else {**{k: 0.0 for k in STAT_KEYS}, "rollout/ranks": 1.0}
+        return windows
+
+    # ------------------------------------------------------------------------------------------------ sampling
+    def _sample_groups(self) -> tuple[list[Group], dict[str, float]]:
+        need, kept, dropped = self.local_prompts, [], []
+        counts = dict.fromkeys(("rollout/groups_generated", "rollout/groups_zero_var", "rollout/groups_invalid",
+                                "rollout/gen_tokens"), 0.0)
+        rounds = 0
+        while len(kept) < need:
+            filtering = self.dynamic.enabled and rounds <= self.dynamic.max_rounds
+            if not filtering and len(kept) + len(dropped) >= need:
+                break
+            if rounds > self.dynamic.max_rounds + MAX_FILL_ROUNDS:
+                raise DataError(f"GRPO rollout {self.rollouts}: only {len(kept) + len(dropped)} of {need} prompt "
+                                f"groups were valid after {rounds} rounds (unreadable gold answers or sampler errors)")
+            for g in self._generate(self.curriculum.take(need - len(kept)), rounds):
+                counts["rollout/groups_generated"] += 1
+                counts["rollout/gen_tokens"] += sum(len(s.completion_ids) for s in g.samples)
+                self.curriculum.record(g.prompt_row, g.all_correct)
+                if not g.valid:
+                    counts["rollout/groups_invalid"] += 1
+                elif filtering and bool(zero_variance(torch.tensor([g.totals]))[0]):
+                    counts["rollout/groups_zero_var"] += 1
+                    dropped.append(g)
+                else:
+                    kept.append(g)
+            rounds += 1
+        fill = max(0, need - len(kept))
+        counts.update({"rollout/groups_kept": float(len(kept)), "rollout/groups_filled": float(fill),
+                       "rollout/rounds": float(rounds)})
+        return kept + dropped[:fill], counts
+
+    def _generate(self, rows: list[int], round_: int) -> list[Group]:
+        requests = [RolloutRequest(self.prompts.ids(row), self.shape.samples, self.params,
+                                   seed=derive_seed(self.seed, self.rollouts, round_, row), request_id=row)
+                    for row in rows]
+        batch = self.client.collect(self.client.submit(requests))
+        version = self.policy_version()
+        by_row: dict[int, list[ScoredSample]] = {row: [] for row in rows}
+        for res in batch.results:
+            if res.weight_version != version:
+                raise RuntimeError(f"GRPO rollout {self.rollouts}: a sample came from weight version "
+                                   f"{res.weight_version}, the policy is at {version}; the engine was not updated")
+            text = self.decode(list(res.completion_ids))
+            reward = self.reward(text, self.prompts.gold(res.request_id), len(res.completion_ids), res.finish_reason)
+            by_row[res.request_id].append(ScoredSample(res.request_id, res.prompt_ids, res.completion_ids,
+                                                       res.logprobs, res.finish_reason, res.weight_version, reward))
+        return [Group(row, tuple(by_row[row])) for row in rows]
+
+    # ------------------------------------------------------------------------------------------------ scoring
+    def _score(self, batch: dict, scorer: Scorer) -> torch.Tensor:
+        """(N, C) log-probs of the whole rollout, scored in micro-batches (longest first, little padding)."""
+        out = torch.zeros_like(batch["rollout_logprobs"])
+        lengths = batch["completion_start"] + batch["completion_mask"].sum(1).long()
+        order = torch.sort(lengths, descending=True, stable=True).indices
+        for rows in order.split(self.shape.micro_batch_size):
+            part = select_rows(batch, rows)
+            scored = scorer(part).float().cpu()
+            out[rows, :scored.shape[1]] = scored * part["completion_mask"]
+        return out
+
+    def _shape_with_kl(self, groups: list[Group], batch: dict) -> list[Group]:
+        """Rewards after KL shaping: seq_kl = sum_t (old - ref) over the completion, per sample."""
+        seq_kl = ((batch["old_logprobs"] - batch["ref_logprobs"]) * batch["completion_mask"]).sum(1).tolist()
+        it = iter(seq_kl)
+        return [Group(g.prompt_row, tuple(ScoredSample(s.prompt_row, s.prompt_ids, s.completion_ids,
+                                                       s.rollout_logprobs, s.finish_reason, s.weight_version,
+                                                       self.reward.with_kl(s.reward, next(it)))
+                                          for s in g.samples)) for g in groups]
+
+    # ------------------------------------------------------------------------------------------------ resume
+    def state_dict(self) -> dict:
+        return {"version": STATE_VERSION, "curriculum": self.curriculum.state_dict(), "rollouts": self.rollouts,
+                "refused": self.refused, "pending": [list(window) for window in self.pending]}  # a snapshot
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("version") != STATE_VERSION:
+            raise DataError(f"GRPO batch source state version {state.get('version')!r}, this code reads "
+                            f"{STATE_VERSION}")
+        self.curriculum.load_state_dict(state["curriculum"])
+        self.rollouts, self.refused = int(state["rollouts"]), int(state["refused"])
+        self.pending = [[dict(mb) for mb in window] for window in state["pending"]]

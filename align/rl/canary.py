@@ -1,0 +1,106 @@
+"""The canary: verifier-judged accuracy of the live policy on a fixed prompt set, through the sampler itself.
+
+`evaluate` decodes each prompt greedily (pass@1) and, when asked, draws n samples at a temperature for the unbiased
+pass@k (Chen et al. 2021: 1 - C(n - c, k) / C(n, k) per prompt, c correct of n); it also reports the stop rate
+(completions that ended with EOS rather than at the token limit). With several ranks each rank takes rows
+r, r + W, ... and the counts are summed, so every rank returns the same numbers.
+
+`Canary` runs it every `every` optimizer steps as a Trainer callback (columns `canary/pass@1`, `canary/stop_rate`,
+NaN on other steps so every history row has the same columns); with `halt_below` set it asks for a halt when pass@1
+falls below that absolute level after `halt_after_step` steps. The GRPO stage also calls `evaluate` on the held-out
+split for the starting and the final weights (the receipt's accuracy)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from align.inference.config import SamplingParams
+from align.inference.sequence import derive_seed
+from align.rollout.protocol import RolloutRequest
+from align.train.callbacks import Callback
+from align.utils.dist import all_reduce_sum, rank, world_size
+
+
+@dataclass(frozen=True)
+class CanaryConfig:
+    """[canary] table."""
+
+    every: int = 0  # optimizer steps between canary runs (0: off)
+    rows: int = 32  # the first N rows of the held-out prompt set
+    pass_k: int = 0  # k of pass@k (0: greedy pass@1 only)
+    pass_n: int = 8  # samples per prompt for pass@k (n >= k)
+    temperature: float = 1.0  # for the pass@k samples
+    halt_below: float | None = None  # pass@1 floor (absolute) that halts the run; None: report only
+    halt_after_step: int = 0
+
+    def __post_init__(self):
+        if self.every < 0 or self.rows < 1 or self.pass_k < 0:
+            raise ValueError("CanaryConfig: every >= 0, rows >= 1 and pass_k >= 0 required")
+        if self.pass_k and self.pass_n < self.pass_k:
+            raise ValueError(f"CanaryConfig: pass_n ({self.pass_n}) must be >= pass_k ({self.pass_k})")
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k of one prompt with c correct among n samples."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+@dataclass(frozen=True)
+class EvalTask:
+    """The prompts and how to judge them: ids(row), gold(row), decode(ids) and the verifier's reward(text, gold)."""
+
+    ids: Callable[[int], tuple[int, ...]]
+    gold: Callable[[int], str]
+    decode: Callable[[list[int]], str]
+    judge: Callable[[str, str], bool]
+    eos_id: int
+
+
+def evaluate(client, task: EvalTask, rows: Sequence[int], max_new_tokens: int, pass_k: int = 0, pass_n: int = 0,
+             temperature: float = 1.0, seed: int = 0) -> dict[str, float]:
+    """{"pass@1", "stop_rate", "n"[, "pass@k"]} over `rows` (summed over ranks)."""
+    mine = list(rows)[rank()::world_size()]
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens, stop_token_ids=(task.eos_id,))
+    out = client.generate([RolloutRequest(task.ids(r), 1, greedy, request_id=r) for r in mine]).results
+    correct = sum(task.judge(task.decode(list(o.completion_ids)), task.gold(o.request_id)) for o in out)
+    stopped = sum(o.finish_reason == "stop" for o in out)
+    pk = 0.0
+    if pass_k:
+        params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, stop_token_ids=(task.eos_id,))
+        reqs = [RolloutRequest(task.ids(r), pass_n, params, seed=derive_seed(seed, r), request_id=r) for r in mine]
+        hits: dict[int, int] = {r: 0 for r in mine}
+        for o in client.generate(reqs).results:
+            hits[o.request_id] += int(task.judge(task.decode(list(o.completion_ids)), task.gold(o.request_id)))
+        pk = sum(pass_at_k(pass_n, c, pass_k) for c in hits.values())
+    n, correct, stopped, pk = all_reduce_sum([len(mine), correct, stopped, pk]).tolist()
+    result = {"pass@1": correct / n if n else math.nan, "stop_rate": stopped / n if n else math.nan, "n": n}
+    if pass_k:
+        result[f"pass@{pass_k}"] = pk / n if n else math.nan
+    return result
+
+
+class Canary(Callback):
+    name = "canary"
+
+    def __init__(self, cfg: CanaryConfig, client, task: EvalTask, max_new_tokens: int, seed: int = 0):
+        self.cfg, self.client, self.task, self.max_new_tokens, self.seed = cfg, client, task, max_new_tokens, seed
+        self.rows = list(range(cfg.rows))
+        self.keys = ["canary/pass@1", "canary/stop_rate"] + ([f"canary/pass@{cfg.pass_k}"] if cfg.pass_k else [])
+
+    def observe(self, trainer, metrics: dict) -> str | None:
+        for key in self.keys:
+            metrics[key] = math.nan
+        if not self.cfg.every or trainer.step % self.cfg.every:
+            return None
+        result = evaluate(self.client, self.task, self.rows, self.max_new_tokens, self.cfg.pass_k, self.cfg.pass_n,
+                          self.cfg.temperature, derive_seed(self.seed, trainer.step))
+        for key in self.keys:
+            metrics[key] = result[key.split("/", 1)[1]]
+        floor = self.cfg.halt_below
+        if floor is not None and trainer.step >= self.cfg.halt_after_step and result["pass@1"] < floor:
+            return f"canary pass@1 {result['pass@1']:.3f} below {floor} at step {trainer.step}"
+        return None

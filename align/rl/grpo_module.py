@@ -1,0 +1,155 @@
+"""`GrpoTrainModule`: GRPO on the TrainModule seam. The loss formulas are align.rl.grpo_loss; this file wires them to
+the model, the sampler's weights and the run's health state.
+
+Per micro-batch (align.rl.types layout): one forward of the policy over prompt + completion, per-token log-probs and
+entropies at the sampling temperature (align.rl.token_logprobs, chunked head), then the per-token objective
+(clipped surrogate x train/infer weight + beta k3) summed as `loss_sum`; `loss_units` gives the normaliser's
+share (tokens, sequences, or sequences x L), which the Trainer totals over the step and every rank first.
+
+Weights and versions: the sampler (a RolloutClient, usually an Engine on its own copy of the weights) gets the new
+weights in memory after every applied optimizer step, tagged with the step count: the policy's version is
+`self.step`, and the batch source checks every sample against it. A skipped step changes nothing, so nothing is
+pushed. After a resume the restored weights are pushed with the restored step.
+
+Scoring for the batch source (`score`): the same log-prob path without gradient, run through the wrapped unit so
+FSDP2 unshards what it must; it gives pi_old (the training model at the rollout's weights) and, for a reference
+module, the reference's log-probs.
+
+Health: `self.health` (align.rl.tripwires.GrpoHealth) keeps the tripwires' windows and latches; they are this
+module's extra state, so a resumed run remembers a collapsing reward."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from align.rl.assembly import check_layout
+from align.rl.grpo_loss import GrpoLossConfig, clip_fractions, loss_sum, loss_units, policy_terms
+from align.rl.token_logprobs import completion_logprobs
+from align.rl.tripwires import GrpoHealth
+from align.train.train_module import LossOutput, TrainModule, TrainModuleConfig
+
+RATIO_KEYS = ("ratio_sum", "clip_low", "clip_high", "rho_abs_log_sum", "rho_capped", "rho_outliers")
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+class GrpoTrainModule(TrainModule):
+    def __init__(self, model: nn.Module, cfg: TrainModuleConfig, loss_cfg: GrpoLossConfig, temperature: float,
+                 constant_length: int, total_steps: int, seed: int = 0, client=None,
+                 health: GrpoHealth | None = None):
+        """`client`: the RolloutClient that receives the weights after each step (None: nobody samples from this
+        policy, e.g. a scoring-only reference). `constant_length`: L of the "constant" normalisation."""
+        self.loss_cfg, self.temperature = loss_cfg, temperature
+        self.constant_length = loss_cfg.constant_length or constant_length
+        super().__init__(model, cfg, total_steps, seed)
+        self.client = client
+        self.health = health if health is not None else GrpoHealth()
+
+    # ------------------------------------------------------------------------------------------------ the seam
+    def loss(self, model: nn.Module, batch: dict) -> LossOutput:
+        if batch.get("score_only"):
+            with torch.no_grad():
+                logp, _ = completion_logprobs(model, batch, self.temperature, self.loss_cfg.chunk_size)
+            return LossOutput(logp.new_zeros(()), {"logprobs": logp})
+        check_layout(batch)
+        cfg = self.loss_cfg
+        logp, entropy = completion_logprobs(model, batch, self.temperature, cfg.chunk_size)  # (N, C) each
+        mask = batch["loss_mask"]
+        terms = policy_terms(logp, batch["old_logprobs"], batch["rollout_logprobs"], batch["advantages"], mask, cfg,
+                             batch.get("ref_logprobs"))
+        total = loss_sum(terms.per_token, mask, cfg.normalisation)
+        sums = self._statistics(batch, entropy, terms, total)
+        return LossOutput(total, sums)
+
+    def loss_units(self, batch: dict) -> float:
+        return loss_units(batch["loss_mask"], self.loss_cfg.normalisation, self.constant_length)
+
+    @torch.no_grad()
+    def _statistics(self, batch: dict, entropy: torch.Tensor, terms, total: torch.Tensor) -> dict:
+        mask, comp = batch["loss_mask"], batch["completion_mask"]
+        ratio = terms.ratio.expand_as(mask)
+        low, high = (x.expand_as(mask).float() for x in clip_fractions(terms.ratio, batch["advantages"],
+                                                                          self.loss_cfg))
+        w = terms.weight
+        rho, outlier = w.rho.expand_as(comp), w.outlier.expand_as(comp).float()
+        capped = (rho > self.loss_cfg.rho_cap).float() if self.loss_cfg.rho_cap is not None else torch.zeros_like(rho)
+        lag = (self.step - batch["weight_version"]).float()
+        t = lambda x: torch.as_tensor(float(x), dtype=torch.float32)  # noqa: E731
+        sums = {
+            "seqs": t(mask.shape[0]), "units": t(self.loss_units(batch)), "loss_sum": total.detach().float(),
+            "loss_tokens": mask.sum(), "completion_tokens": comp.sum(),
+            "input_tokens": (batch["completion_start"].float() + comp.sum(1)).sum(),
+            "reward_sum": batch["rewards"].sum(), "correct": batch["correct"].sum(),
+            "truncated": batch["truncated"].sum(), "adv_abs_sum": batch["advantages"].abs().sum(),
+            "entropy_sum": (entropy * comp).sum(), "ratio_sum": (ratio * mask).sum(),
+            "clip_low": (low * mask).sum(), "clip_high": (high * mask).sum(),
+            "rho_abs_log_sum": (rho.log().abs() * comp).sum(), "rho_capped": (capped * comp).sum(),
+            "rho_outliers": (outlier * comp).sum(), "staleness_sum": lag.sum(),
+            "kl_sum": (terms.kl * mask).sum() if terms.kl is not None else t(0.0),
+        }
+        for key, value in batch.get("stats", {}).items():
+            sums[key] = t(value)
+        return {k: v.detach().float().cpu() for k, v in sums.items()}
+
+    def log_metrics(self, sums: dict[str, float]) -> dict[str, float]:
+        """The step's global sums -> logged means (every column on every step: NaN when undefined)."""
+        def div(a: str, b: str) -> float:
+            return sums.get(a, 0.0) / sums[b] if sums.get(b) else float("nan")
+
+        out = {"loss": div("loss_sum", "units"), "reward_mean": div("reward_sum", "seqs"),
+               "accuracy": div("correct", "seqs"), "truncated_frac": div("truncated", "seqs"),
+               "adv_abs_mean": div("adv_abs_sum", "seqs"), "completion_len": div("completion_tokens", "seqs"),
+               "entropy": div("entropy_sum", "completion_tokens"), "ratio_mean": div("ratio_sum", "loss_tokens"),
+               "clip_low_frac": div("clip_low", "loss_tokens"), "clip_high_frac": div("clip_high", "loss_tokens"),
+               "rho_abs_log_mean": div("rho_abs_log_sum", "completion_tokens"),
+               "rho_capped_frac": div("rho_capped", "completion_tokens"),
+               "rho_outlier_frac": div("rho_outliers", "completion_tokens"),
+               "kl": div("kl_sum", "loss_tokens"), "staleness": div("staleness_sum", "seqs"),
+               "input_tokens": sums.get("input_tokens", 0.0), "sequences": sums.get("seqs", 0.0)}
+        ranks = sums.get("rollout/ranks") or 1.0
+        for key, value in sums.items():
+            if key.startswith("rollout/") and key != "rollout/ranks":
+                out[key] = value / ranks if key.endswith("_s") else value
+        return out
+
+    # ------------------------------------------------------------------------------------------------ scoring
+    def score(self, batch: dict) -> torch.Tensor:
+        """(N, C) log-probs of the batch's completions under the current weights, no gradient."""
+        dev = self.model.lm_head.weight.device
+        moved = {k: v.to(dev) if torch.is_tensor(v) else v for k, v in batch.items()}
+        with torch.no_grad():
+            out = self.net({**moved, "score_only": True})
+        return out.sums["logprobs"]
+
+    @property
+    def version(self) -> int:
+        return self.step
+
+    # ------------------------------------------------------------------------------------------------ weights
+    def optim_step(self) -> bool:
+        applied = super().optim_step()
+        if applied:
+            self.push_weights()
+        return applied
+
+    def push_weights(self) -> None:
+        """Collective under FSDP2 (every rank gathers every tensor); every rank's sampler gets the full weights."""
+        if self.client is None:
+            return
+        weights = {name: _full(p.detach()) for name, p in self.model.named_parameters()}
+        version = self.client.update_weights(weights, version=self.step)
+        if version != self.step:
+            raise RuntimeError(f"the sampler reports weight version {version} after a push of version {self.step}")
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.push_weights()  # resume: load_model_state_dict ran first, so the sampler gets the restored weights
+
+    def extra_state(self) -> dict:
+        return {"health": self.health.state_dict()}
+
+    def load_extra_state(self, state: dict) -> None:
+        self.health.load_state_dict(state.get("health", {}))

@@ -1,0 +1,106 @@
+"""Per-token log-probs (and entropies) of sampled completions at the sampling temperature, from the hidden states and
+the LM head in chunks: the `[tokens, vocab]` logits never exist at once.
+
+GRPO needs one differentiable number per completion token, log softmax(h W^T / T)[y], and its gradient coefficient
+is only known after the loss has seen every token (ratio, clip, advantage), so the head's gradient cannot be formed
+during forward (align.kernels.fused_ce does that for plain CE). As align.kernels.fused_dpo does for DPO, the logits
+are recomputed chunk by chunk in backward (four head GEMMs per step instead of three), and peak extra memory stays
+one (chunk, V) fp32 buffer. Unlike fused_dpo this returns per-token values, applies the temperature, and also gives
+the entropy of the tempered distribution per token (the tripwire's input) from the same forward chunk, for free:
+
+    z = h W^T / T,  lse = logsumexp(z),  logp_y = z_y - lse,  H = lse - sum_v softmax(z)_v z_v
+    backward: d logp_y / d z = onehot(y) - softmax(z);  d z / d h = W / T,  d z / d W = h^T / T
+
+The batch layout (align.rl.assembly): `input_ids (B, T)` right-padded prompt + completion, `completion_start (B,)`
+the prompt lengths, `completion_ids (B, C)` and `completion_mask (B, C)`; token j of row b is predicted by the
+hidden state at position completion_start[b] - 1 + j."""
+
+from __future__ import annotations
+
+import torch
+
+
+def _acc(t: torch.Tensor) -> torch.dtype:
+    return torch.promote_types(t.dtype, torch.float32)
+
+
+class _TemperedTokenLogprob(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, inv_temp: float, chunk: int):
+        # shape: hidden (N, D) completion rows only, weight (V, D), targets (N,) -> logp (N,), entropy (N,)
+        n, acc = hidden.shape[0], _acc(hidden)
+        logp = torch.empty(n, dtype=acc, device=hidden.device)
+        lse = torch.empty(n, dtype=acc, device=hidden.device)
+        entropy = torch.empty(n, dtype=acc, device=hidden.device)
+        for lo in range(0, n, chunk):
+            hi = min(lo + chunk, n)
+            z = (hidden[lo:hi] @ weight.t()).to(acc).mul_(inv_temp)  # (c, V)
+            chunk_lse = torch.logsumexp(z, dim=-1)
+            target = z.gather(1, targets[lo:hi, None]).squeeze(1)
+            p = (z - chunk_lse[:, None]).exp_()  # (c, V) softmax
+            entropy[lo:hi] = chunk_lse - torch.linalg.vecdot(p, z)
+            lse[lo:hi], logp[lo:hi] = chunk_lse, target - chunk_lse
+        ctx.save_for_backward(hidden, weight, targets, lse)
+        ctx.inv_temp, ctx.chunk = inv_temp, chunk
+        ctx.mark_non_differentiable(entropy)
+        return logp, entropy
+
+    @staticmethod
+    def backward(ctx, grad_logp, _grad_entropy):
+        hidden, weight, targets, lse = ctx.saved_tensors
+        want_h, want_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        acc, s = lse.dtype, ctx.inv_temp
+        grad_h = torch.empty_like(hidden) if want_h else None
+        grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if want_w else None
+        g_all = grad_logp.to(acc)
+        for lo in range(0, hidden.shape[0], ctx.chunk):
+            hi = min(lo + ctx.chunk, hidden.shape[0])
+            h, g = hidden[lo:hi], g_all[lo:hi]
+            # d loss / d z = g * (onehot(y) - softmax(z)), built in place in the recomputed logits buffer
+            dz = (h @ weight.t()).to(acc).mul_(s).sub_(lse[lo:hi, None]).exp_().mul_(-g[:, None])
+            dz[torch.arange(hi - lo, device=dz.device), targets[lo:hi]] += g
+            dz.mul_(s)  # chain rule through z = (h W^T) * inv_temp
+            if grad_h is not None:
+                torch.matmul(dz.to(hidden.dtype), weight, out=grad_h[lo:hi])  # (c, D)
+            if grad_w is not None:
+                grad_w.add_(dz.t() @ h.to(acc) if h.dtype != acc else dz.t().mm(h))
+        if grad_w is not None:
+            grad_w = grad_w.to(weight.dtype)
+        return grad_h, grad_w, None, None, None
+
+
+def tempered_token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float,
+                            chunk_size: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logp, entropy) of `targets` under softmax(hidden W^T / temperature); hidden (N, D), targets (N,).
+    logp is differentiable in hidden and weight; entropy is detached."""
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0 for log-probs of sampled tokens, got {temperature}")
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    if targets.numel() and (int(targets.min()) < 0 or int(targets.max()) >= weight.shape[0]):
+        raise ValueError(f"targets must lie in [0, {weight.shape[0]})")
+    return _TemperedTokenLogprob.apply(hidden, weight, targets, 1.0 / float(temperature), int(chunk_size))
+
+
+def completion_positions(batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """Flat indices into the (B*T) hidden rows that predict each real completion token, in (B, C) mask order, and
+    that mask as bool. A completion token j of row b is predicted at position completion_start[b] - 1 + j."""
+    ids, start, mask = batch["input_ids"], batch["completion_start"], batch["completion_mask"].bool()
+    b, t = ids.shape
+    c = mask.shape[1]
+    pos = start[:, None] - 1 + torch.arange(c, device=ids.device)[None, :]  # (B, C)
+    flat = torch.arange(b, device=ids.device)[:, None] * t + pos.clamp(0, t - 1)
+    return flat[mask], mask
+
+
+def completion_logprobs(model, batch: dict, temperature: float, chunk_size: int = 1024,
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logp, entropy), each (B, C) fp32 with zeros outside `completion_mask`, for an align causal LM."""
+    hidden = model.forward_hidden(batch["input_ids"])  # (B, T, D); right padding: causal attention is exact
+    rows, mask = completion_positions(batch)
+    flat_hidden = hidden.flatten(0, 1).index_select(0, rows)  # (N, D)
+    targets = batch["completion_ids"][mask]
+    logp, ent = tempered_token_logprobs(flat_hidden, model.lm_head.weight, targets, temperature, chunk_size)
+    out_logp = torch.zeros(mask.shape, dtype=logp.dtype, device=logp.device).masked_scatter(mask, logp)
+    out_ent = torch.zeros(mask.shape, dtype=ent.dtype, device=ent.device).masked_scatter(mask, ent)
+    return out_logp, out_ent

@@ -1,0 +1,111 @@
+"""align.stages.grpo: GRPO on verifier rewards (`grpo_checkpoint`).
+
+    python -m align.stages.grpo --config configs/tiny/grpo.toml [table.key=value ...]
+
+Reads `<runs>/<data.start>` (the policy's initial weights: the DPO checkpoint, or SFT in a profile that says so),
+`<runs>/<data.prompts>` (RL prompts with gold answers) and `<runs>/<data.eval>` (held-out prompts). The sampler is
+the align Engine on its own copy of the weights (`data.engine_dtype`), updated in memory after every optimizer step.
+Before training and after it, greedy verifier-judged accuracy on the held-out prompts: `<run_dir>/metrics.json`
+(the receipt's metrics) holds both, their difference, and the reward curve's first and last stretch from
+`history.jsonl`. Publishes `<run_dir>/final/` (HF format). Resumes from `<run_dir>/checkpoints/` like every Trainer
+stage. `<runs>` is $ALIGN_RUNS_DIR under the pipeline, else runs/tiny."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from align.config import load_cli_config, run_dir_from_env, write_resolved_config
+from align.data.store import ShardSet
+from align.eval.verifier import score
+from align.exit_codes import run_with_exit_codes
+from align.model.checkpoint import checkpoint_content_hash, load_checkpoint, tokenizer_dir_for
+from align.rl.batch_source import GrpoBatchSource, PromptSet
+from align.rl.canary import Canary, EvalTask, evaluate
+from align.rl.curriculum import PromptCurriculum
+from align.rl.grpo_module import GrpoTrainModule
+from align.rl.report import reward_curve
+from align.rl.rewards import CompositeReward
+from align.rl.stage_config import GrpoStageConfig
+from align.rl.token_logprobs import completion_logprobs
+from align.rl.tripwires import GrpoHealth, HealthCallback
+from align.rollout import make_rollout_client
+from align.tokenizer import Tokenizer
+from align.train.callbacks import ProgressLine, SpeedMonitor
+from align.train.train_module import TrainModuleConfig
+from align.train.trainer import Trainer
+from align.utils.dist import device, init_distributed, is_rank0, rank, world_size
+from align.utils.fsio import atomic_write_json
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def reference_scorer(start: Path, cfg: GrpoStageConfig):
+    """Log-probs under the frozen start weights (only built when a KL term needs them)."""
+    ref = load_checkpoint(start, device=device()).eval().requires_grad_(False)
+
+    @torch.no_grad()
+    def scorer(batch: dict) -> torch.Tensor:
+        batch = {k: v.to(device()) if torch.is_tensor(v) else v for k, v in batch.items()}
+        return completion_logprobs(ref, batch, cfg.shape.temperature, cfg.loss.chunk_size)[0]
+
+    return scorer
+
+
+def main() -> int:
+    cfg = load_cli_config(GrpoStageConfig, prog="align.stages.grpo")
+    runs = Path(os.environ.get("ALIGN_RUNS_DIR", "runs/tiny"))
+    run_dir = run_dir_from_env(runs / "grpo_checkpoint")
+    init_distributed(run_dir=run_dir)
+    torch.set_num_threads(cfg.data.threads or os.cpu_count() or 1)
+    if is_rank0():
+        write_resolved_config(cfg, run_dir)
+    start = runs / cfg.data.start
+    tok = Tokenizer.from_pretrained(tokenizer_dir_for(start) or cfg.tokenizer.path, cfg.tokenizer.cache)
+    prompts = ShardSet.open(runs / cfg.data.prompts, kind="prompts", tokenizer_hash=tok.content_hash)
+    heldout = ShardSet.open(runs / cfg.data.eval, kind="prompts", tokenizer_hash=tok.content_hash)
+    client = make_rollout_client(cfg.rollout, load_checkpoint(start, dtype=DTYPES[cfg.data.engine_dtype],
+                                                               device=device()))
+    module = GrpoTrainModule(load_checkpoint(start, device=device()),
+                             TrainModuleConfig(cfg.optimizer, cfg.scheduler, cfg.parallel), cfg.loss,
+                             cfg.shape.temperature, cfg.shape.max_new_tokens, cfg.train.max_steps, seed=cfg.run.seed,
+                             client=client, health=GrpoHealth(cfg.health))
+    prompt_set, decode = PromptSet.from_shards(prompts), (lambda ids: tok.decode(ids, skip_special_tokens=True))
+    needs_ref = cfg.loss.kl_beta > 0 or cfg.reward.kl_coef > 0
+    source = GrpoBatchSource(
+        prompt_set, client, decode, CompositeReward(cfg.reward, cfg.shape.max_new_tokens),
+        PromptCurriculum(prompt_set.groups, cfg.curriculum, cfg.run.seed, rank(), world_size()), cfg.shape,
+        cfg.dynamic_sampling, cfg.advantage, seed=cfg.run.seed, eos_id=tok.eos_id,
+        policy_version=lambda: module.version,
+        old_scorer=module.score if cfg.shape.old_logprobs == "recompute" else None,
+        ref_scorer=reference_scorer(start, cfg) if needs_ref else None, world_size=world_size())
+    held = PromptSet.from_shards(heldout)
+    task = EvalTask(held.ids, held.gold, decode, lambda text, gold: score(text, gold).reward == 1.0, tok.eos_id)
+    rows = range(min(cfg.data.eval_rows or len(heldout), len(heldout)))
+    before = evaluate(client, task, rows, cfg.shape.max_new_tokens)
+    n_params = sum(p.numel() for p in module.model.parameters())
+    callbacks = [SpeedMonitor(n_params), HealthCallback(module.health),
+                 Canary(cfg.canary, client, task, cfg.shape.max_new_tokens, cfg.run.seed),
+                 ProgressLine(cfg.train.max_steps, label="grpo")]
+    trainer = Trainer(cfg.train, module, source, run_dir, callbacks)
+    code = trainer.fit()
+    if code != 0:
+        return code
+    after = evaluate(client, task, rows, cfg.shape.max_new_tokens)
+    if is_rank0():
+        metrics = {"heldout_rows": len(rows), "start_accuracy": before["pass@1"], "accuracy": after["pass@1"],
+                   "accuracy_gain": after["pass@1"] - before["pass@1"], "start_stop_rate": before["stop_rate"],
+                   "stop_rate": after["stop_rate"], "start_checkpoint": checkpoint_content_hash(start),
+                   **reward_curve(run_dir / "history.jsonl")}
+        atomic_write_json(run_dir / "metrics.json", metrics)
+        print(f"grpo: held-out greedy accuracy {before['pass@1']:.3f} -> {after['pass@1']:.3f}; reward "
+              f"{metrics['reward_first']:.3f} -> {metrics['reward_last']:.3f}")
+    trainer.publish_final(run_dir / "final", tokenizer_dir=tokenizer_dir_for(start),  # collective
+                          inputs={"start": checkpoint_content_hash(start), "prompts": prompts.digest})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(run_with_exit_codes(main))

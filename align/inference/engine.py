@@ -47,6 +47,7 @@ class Engine:
         self.scheduler = Scheduler(config, self.block_manager)
         self.runner = ModelRunner(model, num_blocks, config.block_size)
         self.weight_version = 0
+        self._weights_stamp = self._stamp()
         self.stats = EngineStats()
         self._next_seq_id = 0
         self._calls = 0
@@ -114,6 +115,7 @@ class Engine:
         """Run every request to completion; results in request order."""
         t0 = time.perf_counter()
         self._calls += 1
+        self.sync_weights()
         results: list[GenerationResult | None] = [None] * len(requests)
         seqs: dict[int, tuple[int, Sequence]] = {}
         for i, req in enumerate(requests):
@@ -138,6 +140,20 @@ class Engine:
 
     # ------------------------------------------------------------------------------------------------ weights
 
+    def _stamp(self) -> tuple:
+        return tuple((p._version, p.data_ptr()) for p in self.model.parameters())
+
+    def sync_weights(self) -> bool:
+        """Notice weights changed in place since the last call (load_weights, or a trainer stepping a model it
+        shares with the engine): refresh the fused copies and drop cached prefixes. True if anything changed."""
+        stamp = self._stamp()
+        if stamp == self._weights_stamp:
+            return False
+        self.runner.decoder.refresh()
+        self.block_manager.reset_prefix_cache()  # their K/V were computed by the old weights
+        self._weights_stamp = stamp
+        return True
+
     @torch.no_grad()
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int | None = None) -> int:
         """Copy new weights into the running model in place (no checkpoint round trip); returns the new version.
@@ -158,6 +174,6 @@ class Engine:
                                  f"{tuple(params[name].shape)}")
         for name, tensor in state_dict.items():
             params[name].copy_(tensor)
-        self.block_manager.reset_prefix_cache()
+        self.sync_weights()
         self.weight_version = self.weight_version + 1 if version is None else version
         return self.weight_version

@@ -96,7 +96,6 @@ class ModelRunner:
     def forward(self, inputs: StepInputs) -> torch.Tensor:
         """Run all layers over the step's tokens; return final-normed hidden states of the sampling rows (S, D)."""
         m, dec = self.model.model, self.decoder
-        dec.refresh()  # the model's weights may have changed in place (a shared policy): never run stale copies
         hidden = m.embed_tokens(inputs.input_ids)  # (N, D)
         rope = m.layers[0].self_attn.rope(inputs.positions, hidden.dtype) if len(m.layers) else None
         for i, layer in enumerate(m.layers):

@@ -197,3 +197,15 @@ def test_a_failed_step_leaves_the_engine_clean(model, monkeypatch):
     results = engine.generate(greedy_requests(prompts, [10, 10]))  # usable again, same answers
     assert [r.token_ids for r in results] == [naive_greedy(model, p, 10) for p in prompts]
     assert engine.load_weights(model.state_dict()) == 1
+
+
+def test_an_engine_sharing_its_model_with_a_trainer_follows_in_place_updates():
+    model = small_model(seed=0)
+    prompt = random_prompts([16], model.config.vocab_size, seed=13)[0]
+    engine = Engine(model, EngineConfig(block_size=4))
+    before = engine.generate([GenerationRequest(prompt, GREEDY)])[0].token_ids
+    with torch.no_grad():  # what an optimizer step does: in-place updates, no load_weights call
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    after = engine.generate([GenerationRequest(prompt, GREEDY)])[0].token_ids
+    assert after == naive_greedy(model, prompt, 12) != before  # no stale fused weights, no stale prefix K/V

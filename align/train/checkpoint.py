@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from align.exceptions import ArtifactError, CheckpointError
+from align.train import faults
 from align.utils.dist import barrier, broadcast_object, is_rank0, rank, world_size
 from align.utils.fsio import publish_dir, staging_dir
 from align.utils.manifest import read_manifest, write_manifest
@@ -88,6 +89,7 @@ def save_checkpoint(root: str | os.PathLike, step: int, *, weights: dict[str, to
     final = step_dir(root, step)
     staging = broadcast_object(str(staging_dir(final)) if is_rank0() else None)
     staging = Path(staging)
+    faults.at_save("save:begin", step)  # fault-injection points: no-ops unless ALIGN_FAULTS arms them
     try:
         world = world_size()
         if world > 1:  # NOTE: each rank writes its own shard of optimizer state; nothing is gathered to rank 0
@@ -98,10 +100,13 @@ def save_checkpoint(root: str | os.PathLike, step: int, *, weights: dict[str, to
             if world == 1:
                 payload["module"] = module_state
             torch.save(payload, staging / RESUME_FILE)
+        faults.at_save("save:staged", step)
         barrier()  # every rank's file is in staging before the manifest lists them
         if is_rank0():
             write_manifest(staging, KIND, extra={"step": step, "world_size": world})
+            faults.at_save("save:manifest", step)
             publish_dir(staging, final)
+            faults.at_save("save:published", step)
     except BaseException:
         if is_rank0():
             shutil.rmtree(staging, ignore_errors=True)

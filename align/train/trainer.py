@@ -36,6 +36,7 @@ from align.exit_codes import NONFINITE_HALT, TRIPWIRE_HALT, WALL_BUDGET, write_h
 from align.model.checkpoint import save_state_dict
 from align.model.safetensors_io import weight_map
 from align.train import checkpoint as ckpt_io
+from align.train import faults
 from align.train.callbacks import Callback
 from align.train.control import Flags, SkipTracker, StopSignals, agree, agreed_reason, halt_together
 from align.train.rng import capture_rng_state, restore_rng_state
@@ -109,6 +110,7 @@ class Trainer:
 
     def _loop(self, signals: StopSignals, start: float) -> int:
         it = iter(self.loader)
+        first = True
         while self.step < self.cfg.max_steps:
             window, units, exhausted = self._next_window(it)
             if exhausted:
@@ -123,8 +125,9 @@ class Trainer:
             self.history.log(self.step, metrics)
             for cb in self.callbacks:
                 cb.on_step_end(self, metrics)
-            if self.step == 1 and self.cfg.pg_timeout_after_first_step_s is not None:
+            if first and self.cfg.pg_timeout_after_first_step_s is not None:  # start-up collectives are behind
                 set_pg_timeout(min(pg_timeout_s(), self.cfg.pg_timeout_after_first_step_s))
+            first = False
             code = self._decide(flags, reasons)
             if code is not None:
                 return code
@@ -145,6 +148,7 @@ class Trainer:
         sums: dict[str, torch.Tensor] = {}
         nonfinite = torch.zeros((), dtype=torch.bool)
         for i, batch in enumerate(window):
+            faults.at_micro(self.step + 1, i, self.module.model)  # no-op unless ALIGN_FAULTS arms it
             out = self.module.train_batch(batch, AccumInfo(i, len(window), units, world_size()))
             for k, v in out.sums.items():
                 sums[k] = sums[k] + v if k in sums else v

@@ -1,7 +1,8 @@
 """Worker for the 2-rank gloo tests (launched by torch.distributed.run from tests/train/test_distributed.py).
 
 Modes (several per launch: a torchrun start costs seconds on two shared cores):
-  equivalence   fsdp and ddp runs of 4 steps; rank 0 saves final weights and histories to <out>/<strategy>.pt
+  equivalence   4-step runs under fsdp, ddp, fsdp + activation checkpointing, fsdp syncing every micro-batch, fsdp
+                with bf16 compute; rank 0 saves final weights to <out>/<variant>.pt (histories in <out>/<variant>/)
   resume        per optimizer: an uninterrupted fsdp run, a run that crashes mid-window on every rank, and its
                 resume in a fresh Trainer; rank 0 saves both final weight sets
   sigterm:NAME  one run in <out>/NAME; rank <victim> sends itself SIGTERM inside step <at_step>; the exit code and
@@ -50,13 +51,21 @@ def save(obj, path):
         torch.save(obj, path)
 
 
+VARIANTS = {  # name: (strategy, ParallelConfig overrides)
+    "fsdp": ("fsdp", {}), "ddp": ("ddp", {}),
+    "fsdp_ac": ("fsdp", {"activation_checkpointing": True}),
+    "fsdp_sync": ("fsdp", {"sync_every_micro_batch": True}),
+    "fsdp_bf16": ("fsdp", {"param_dtype": "bfloat16"}),
+}
+
+
 def mode_equivalence(out: Path):
-    for strategy in ("fsdp", "ddp"):
-        t = trainer(out / strategy, strategy, max_steps=4, checkpoint_every=0)
+    for name, (strategy, overrides) in VARIANTS.items():
+        t = trainer(out / name, strategy, max_steps=4, checkpoint_every=0, parallel=overrides)
         wrapper = type(t.module.net).__name__
         assert wrapper == {"fsdp": "FSDPLossForward", "ddp": "DistributedDataParallel"}[strategy], wrapper
         assert t.fit() == 0
-        save(weights(t.module), out / f"{strategy}.pt")
+        save(weights(t.module), out / f"{name}.pt")
 
 
 class Crash(Exception):

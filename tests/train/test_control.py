@@ -109,3 +109,16 @@ def test_tripwire_halt_writes_halt_json_and_raises_80(tmp_path):
         build_sft(tmp_path, max_steps=5, callbacks=[Trip()]).fit()
     assert exc.value.exit_code == 80 and "rank 0: test verdict" in str(exc.value)
     assert read_halt_marker(tmp_path)["reason"] == str(exc.value)
+
+
+def test_collective_timeout_shortens_once_after_the_first_step(tmp_path, monkeypatch):
+    import align.train.trainer as trainer_mod
+
+    calls = []
+    monkeypatch.setattr(trainer_mod, "set_pg_timeout", calls.append)
+    monkeypatch.setenv("ALIGN_PG_TIMEOUT_S", "1800")
+    build_sft(tmp_path, max_steps=3, pg_timeout_after_first_step_s=120.0).fit()
+    assert calls == [120.0]
+    monkeypatch.setenv("ALIGN_PG_TIMEOUT_S", "60")  # never lengthened past the environment's bound
+    build_sft(tmp_path, max_steps=5, pg_timeout_after_first_step_s=120.0).fit()  # resumes at 3: first step is 4
+    assert calls == [120.0, 60.0]

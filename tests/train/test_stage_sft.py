@@ -97,3 +97,26 @@ def test_worker_trains_and_publishes_the_run_directory(runs, tmp_path):
 def test_bad_shards_path_is_one_clear_error(runs, tmp_path, capsys):
     assert run_sft(runs, tmp_path / "sft", "data.shards=shards/nope/out") == 2
     assert "shards/nope/out" in capsys.readouterr().err
+
+
+@pytest.mark.distributed
+def test_two_rank_torchrun_stage_matches_one_rank(runs, tmp_path):
+    """torchrun -m align.stages.sft with 2 ranks x 2 micro-batches (FSDP2) equals 1 rank x 4 micro-batches: the
+    loader shards one global stream, the loss is normalised by the global token count."""
+    import subprocess
+
+    from align.model.checkpoint import load_checkpoint
+
+    assert run_sft(runs, tmp_path / "one", "loader.grad_accum=4", "train.max_steps=2") == 0
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), ALIGN_RUNS_DIR=str(runs),
+               ALIGN_RUN_DIR=str(tmp_path / "two"))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m",
+           "align.stages.sft", "--config", str(ROOT / "configs/smoke/sft.toml"), *SMALL, "loader.grad_accum=2",
+           "train.max_steps=2"]
+    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    one, two = (load_checkpoint(tmp_path / d / "final").state_dict() for d in ("one", "two"))
+    for k in one:
+        torch.testing.assert_close(two[k], one[k], rtol=0, atol=1e-6, msg=k)
+    rows = [read_history(tmp_path / d / "history.jsonl") for d in ("one", "two")]
+    assert [r["loss_tokens"] for r in rows[0]] == [r["loss_tokens"] for r in rows[1]]

@@ -11,6 +11,7 @@ Modes (several per launch: a torchrun start costs seconds on two shared cores):
   nan:NAME      rank 1's losses are NaN from step <at_step> on: both ranks must skip, then halt with 81
   wall:NAME     only rank 1 overruns max_wall_seconds in step <at_step>: both must stop there with 82
   tripwire:NAME rank 0 alone asks for a halt at step <at_step>: both must raise HaltError 80 with the same text
+  dry:NAME      rank 1's data ends after <at_step> windows: both end the run there (exit 0, final checkpoint)
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ torch.set_num_threads(1)
 from align.exceptions import HaltError  # noqa: E402
 from align.train.callbacks import Callback  # noqa: E402
 from align.utils.dist import init_distributed, rank, world_size  # noqa: E402
-from train_helpers import ListLoader, build_sft, sft_windows, weights  # noqa: E402
+from train_helpers import FiniteLoader, ListLoader, build_sft, sft_windows, weights  # noqa: E402
 
 ACCUM = 2
 
@@ -157,6 +158,15 @@ class OneRankTripwire(Callback):
 
 def mode_tripwire(out: Path, name: str, at_step: int, **_):
     _halting(out, name, trainer(out / name, max_steps=12, checkpoint_every=0, callbacks=[OneRankTripwire(at_step)]))
+
+
+def mode_dry(out: Path, name: str, at_step: int, **_):
+    """Rank 1's data runs out after `at_step` windows, rank 0's does not: both must stop there, without a hang."""
+    loader = rank_loader()
+    if rank() == 1:
+        loader = FiniteLoader(loader.batches[:at_step])
+    t = build_sft(out / name, accum=ACCUM, strategy="fsdp", loader=loader, max_steps=12, checkpoint_every=0)
+    record(out, name, t.fit(), t.step)
 
 
 def main():

@@ -122,3 +122,12 @@ def test_collective_timeout_shortens_once_after_the_first_step(tmp_path, monkeyp
     monkeypatch.setenv("ALIGN_PG_TIMEOUT_S", "60")  # never lengthened past the environment's bound
     build_sft(tmp_path, max_steps=5, pg_timeout_after_first_step_s=120.0).fit()  # resumes at 3: first step is 4
     assert calls == [120.0, 60.0]
+
+
+def test_data_exhausted_ends_the_run_at_a_boundary_with_a_checkpoint(tmp_path):
+    from train_helpers import FiniteLoader, sft_windows
+
+    t = build_sft(tmp_path, max_steps=50, checkpoint_every=0, loader=FiniteLoader(sft_windows(3, 2)))
+    assert t.fit() == 0
+    assert t.step == 3 and ckpt_io.latest_checkpoint(tmp_path / "checkpoints").name == "step_3"
+

@@ -109,7 +109,7 @@ def test_sigterm_at_random_points(runs, tmp_path, trial):
 
 
 def test_one_rank_verdicts_halt_both_ranks_together(tmp_path):
-    proc = launch("tripwire:trip,wall:wall,nan:nan", tmp_path, "--at-step", "4")
+    proc = launch("tripwire:trip,wall:wall,nan:nan,dry:dry", tmp_path, "--at-step", "4")
     assert proc.returncode == 0, proc.stderr[-3000:]
     # a tripwire on rank 0 alone: both raise 80 at step 4 with the same message, HALT.json says why
     assert outcome(tmp_path, "trip") == [(80, 4)] * 2
@@ -126,3 +126,6 @@ def test_one_rank_verdicts_halt_both_ranks_together(tmp_path):
     assert json.loads((tmp_path / "nan" / "HALT.json").read_text())["exit_code"] == 81
     rows = read_history(tmp_path / "nan" / "history.jsonl")
     assert [r["applied"] for r in rows] == [1.0] * 3 + [0.0] * 4
+    # rank 1's data ends after 4 windows: both ranks end the run there together
+    assert outcome(tmp_path, "dry") == [(0, 4)] * 2
+    assert ckpt_io.latest_checkpoint(tmp_path / "dry" / "checkpoints").name == "step_4"

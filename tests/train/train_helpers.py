@@ -56,6 +56,15 @@ class ListLoader:
         self.pos = int(state["pos"])
 
 
+class FiniteLoader(ListLoader):
+    """The windows once, then StopIteration (as BatchLoader with num_epochs set)."""
+
+    def __iter__(self):
+        while self.pos < len(self.batches):
+            self.pos += 1
+            yield self.batches[self.pos - 1]
+
+
 def sft_windows(n_windows: int, accum: int, rows: int = 2, t: int = 16, vocab: int = 256, seed: int = 0):
     """`n_windows` accumulation windows of `accum` micro-batches each, all different."""
     return [[sft_batch(rows, t, vocab, seed=seed + 1000 * w + m) for m in range(accum)] for w in range(n_windows)]

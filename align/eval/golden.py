@@ -1,0 +1,147 @@
+"""Golden regression: the greedy decode of a fixed prompt set, hashed and compared with committed anchors.
+
+An anchor (`<anchors>/<stage>.json`, committed under `configs/<profile>/golden/`) holds the decoded text of every
+golden prompt, the hash of those texts, and the content hash of the checkpoint that produced them. Greedy decoding
+on CPU is deterministic, so the same code and checkpoint must reproduce the anchor exactly. Verdicts:
+
+    match               the texts are identical (the only verdict that passes)
+    mismatch            same checkpoint, different texts: the decode path (engine, model, tokenizer) changed
+    checkpoint_changed  another checkpoint produced different texts: training changed; accept it explicitly
+    prompts_changed     the golden prompt set itself differs from the anchor's (eval data or tokenizer changed)
+    no_anchor           nothing committed yet for this stage
+
+Every failing verdict with texts to compare carries a unified diff of the first differing sample. Anchors change
+only through the explicit command (nothing in the ladder writes them):
+
+    .venv/bin/python -m align.eval.golden accept --profile smoke [--stage sft ...]
+
+which copies `runs/<profile>/golden_eval/<stage>/out/golden.json` over the anchor."""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from align.config import read_toml
+from align.utils.fsio import atomic_write_json, sha256_bytes
+
+FORMAT = 1
+GOLDEN_FILE = "golden.json"  # the stage's own decode, published in its out/ directory
+DIFF_LINES = 40  # a diff longer than this is cut: the first lines say enough
+
+
+@dataclass(frozen=True)
+class GoldenConfig:
+    """[golden] table."""
+
+    prompts: int = 16  # the first N rows of the eval split
+    max_new_tokens: int = 64
+    anchors: str = ""  # anchor directory relative to the project root (configs/<profile>/golden); "" = no check
+
+
+def texts_hash(samples: Sequence[dict]) -> str:
+    return sha256_bytes(json.dumps([[s["id"], s["text"]] for s in samples], ensure_ascii=False).encode())
+
+
+def prompts_hash(samples: Sequence[dict]) -> str:
+    return sha256_bytes(json.dumps([[s["id"], s["prompt_sha256"]] for s in samples]).encode())
+
+
+def golden_record(stage: str, checkpoint_hash: str, samples: Sequence[dict]) -> dict:
+    """`samples`: [{"id", "prompt_sha256", "text", "tokens"}] in prompt order."""
+    return {"format": FORMAT, "stage": stage, "checkpoint_content_hash": checkpoint_hash,
+            "prompts_sha256": prompts_hash(samples), "texts_sha256": texts_hash(samples), "samples": list(samples)}
+
+
+def first_diff(anchor: Sequence[dict], current: Sequence[dict]) -> tuple[int, dict | None]:
+    """(number of differing samples, {"id", "diff"} for the first one or None)."""
+    differing = [(a, c) for a, c in zip(anchor, current) if a["text"] != c["text"]]
+    if not differing:
+        return 0, None
+    a, c = differing[0]
+    lines = list(difflib.unified_diff(a["text"].splitlines(), c["text"].splitlines(), "anchor", "current",
+                                      lineterm="", n=2))
+    return len(differing), {"id": c["id"], "diff": "\n".join(lines[:DIFF_LINES])}
+
+
+def compare(current: dict, anchor: dict | None) -> dict:
+    """The golden section of an evaluation receipt: verdict, `passed`, hashes, first differing sample."""
+    out = {"texts_sha256": current["texts_sha256"], "prompts": len(current["samples"])}
+    if anchor is None:
+        return {**out, "status": "no_anchor", "passed": False}
+    out |= {"anchor_texts_sha256": anchor.get("texts_sha256"),
+            "anchor_checkpoint_content_hash": anchor.get("checkpoint_content_hash")}
+    if anchor.get("prompts_sha256") != current["prompts_sha256"]:
+        return {**out, "status": "prompts_changed", "passed": False}
+    if anchor.get("texts_sha256") == current["texts_sha256"]:
+        return {**out, "status": "match", "passed": True, "differing": 0}
+    count, diff = first_diff(anchor["samples"], current["samples"])
+    same_ckpt = anchor.get("checkpoint_content_hash") == current["checkpoint_content_hash"]
+    return {**out, "status": "mismatch" if same_ckpt else "checkpoint_changed", "passed": False,
+            "differing": count, "first_diff": diff}
+
+
+def read_anchor(path: Path) -> dict | None:
+    if not path.is_file():
+        return None
+    data = json.loads(path.read_text())
+    if data.get("format") != FORMAT:
+        raise ValueError(f"{path}: golden anchor format {data.get('format')!r}, expected {FORMAT}")
+    return data
+
+
+# ---------------------------------------------------------------------------------------- the explicit command
+
+
+def anchors_dir(root: Path, profile: str) -> Path:
+    cfg = read_toml(root / "configs" / profile / "golden_eval.toml")
+    anchors = cfg.get("golden", {}).get("anchors", "")
+    if not anchors:
+        raise SystemExit(f"configs/{profile}/golden_eval.toml: [golden].anchors is empty: no anchors to update")
+    return root / anchors
+
+
+def accept(root: Path, profile: str, stages: Sequence[str] = ()) -> list[str]:
+    """Copy each stage's latest golden decode over its anchor; returns one line per stage."""
+    base = root / "runs" / profile / "golden_eval"
+    found = sorted(p.parent.parent.name for p in base.glob(f"*/out/{GOLDEN_FILE}"))
+    chosen = list(stages) or found
+    missing = [s for s in chosen if s not in found]
+    if missing or not chosen:
+        raise SystemExit(f"no golden decode for {', '.join(missing) or 'any stage'} under {base}: run "
+                         f"`doit profile={profile} golden_eval` first")
+    target = anchors_dir(root, profile)
+    lines = []
+    for stage in chosen:
+        current = json.loads((base / stage / "out" / GOLDEN_FILE).read_text())
+        old = read_anchor(target / f"{stage}.json")
+        verdict = compare(current, old)["status"]
+        if verdict == "match" and old.get("checkpoint_content_hash") == current["checkpoint_content_hash"]:
+            lines.append(f"{stage}: unchanged")
+            continue
+        target.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(target / f"{stage}.json", current)
+        lines.append(f"{stage}: anchor updated ({verdict} before) -> {target / f'{stage}.json'}")
+    return lines
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m align.eval.golden", description="update golden anchors")
+    sub = parser.add_subparsers(dest="command", required=True)
+    acc = sub.add_parser("accept", help="make the latest golden decodes of a profile its committed anchors")
+    acc.add_argument("--profile", default="tiny")
+    acc.add_argument("--stage", action="append", default=[], help="a rung (sft, dpo, grpo); default: all built")
+    acc.add_argument("--root", default=".", help="project root")
+    ns = parser.parse_args(argv)
+    for line in accept(Path(ns.root), ns.profile, ns.stage):
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,46 @@
+"""golden_eval:<stage>: one task per `[checkpoints]` entry of configs/<profile>/golden_eval.toml (sft, dpo, grpo):
+the rung's checkpoint on the held-out eval split, judged, compared with the committed golden anchor.
+
+Inputs: the checkpoint's manifest, the eval shards' manifest, and the anchor file when one is committed (so that
+accepting a new anchor re-judges the stage; an absent anchor is not an input, the receipt says `no_anchor`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pipeline.layout import Layout, StageCtx
+from pipeline.stage import StageSpec
+from pipeline.stages.ingest import stage_table
+
+DEFAULT_CHECKPOINTS = {"sft": "sft_checkpoint/final", "dpo": "dpo_checkpoint/final", "grpo": "grpo_checkpoint/final"}
+CONFIG = "golden_eval.toml"
+
+
+def checkpoints(layout: Layout) -> dict[str, str]:
+    table = stage_table(layout, CONFIG, "checkpoints") or DEFAULT_CHECKPOINTS
+    return {k: v for k, v in table.items() if isinstance(v, str)}  # TOML order: the ladder's
+
+
+def _inputs(ctx: StageCtx) -> list[Path]:
+    runs = ctx.layout.runs
+    ckpt = checkpoints(ctx.layout).get(ctx.variant, DEFAULT_CHECKPOINTS.get(ctx.variant, ""))
+    evals = stage_table(ctx.layout, CONFIG, "data").get("eval", "shards/eval/out")
+    deps = [runs / ckpt / "manifest.json", runs / str(evals) / "manifest.json"]
+    anchors = stage_table(ctx.layout, CONFIG, "golden").get("anchors", "")
+    anchor = ctx.layout.root / str(anchors) / f"{ctx.variant}.json"
+    if anchors and anchor.is_file():
+        deps.append(anchor)
+    return deps
+
+
+STAGE = StageSpec(
+    name="golden_eval",
+    doc="a rung's checkpoint on the held-out split: accuracy, pass@k, golden regression -> receipts/golden_eval-*",
+    worker="align.stages.golden_eval",
+    config=CONFIG,
+    variants=lambda layout: list(checkpoints(layout)),
+    args=lambda ctx: [f"stage={ctx.variant}"],
+    file_dep=_inputs,
+    targets=lambda ctx: [ctx.run_dir / "out" / "manifest.json"],
+    heavy=True,
+)

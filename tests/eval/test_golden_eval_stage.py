@@ -1,0 +1,113 @@
+"""The golden_eval worker on real small artifacts: metrics the receipt carries, published outputs, the golden
+regression through an explicit accept, and a changed checkpoint reported with a diff."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import shutil
+
+import pytest
+import torch
+
+from align.eval.golden import accept
+from align.exit_codes import run_with_exit_codes
+from align.stages import golden_eval
+from align.model.checkpoint import checkpoint_content_hash
+from align.utils.manifest import read_manifest
+from eval_fixtures import answer_model, build_eval_shards, save
+
+GOLDS = ["7", "3", "7", "12", "7", "4"]
+CONFIG = """
+[checkpoints]
+sft = "sft_checkpoint/final"
+dpo = "dpo_checkpoint/final"
+
+[data]
+threads = 1
+
+[greedy]
+max_new_tokens = 24
+
+[sampled]
+n = 2
+ks = [1, 2]
+max_new_tokens = 24
+max_examples = 4
+
+[golden]
+prompts = 3
+max_new_tokens = 24
+anchors = "configs/smoke/golden"
+"""
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory):
+    root = tmp_path_factory.mktemp("proj")
+    runs = root / "runs" / "smoke"
+    build_eval_shards(root, runs / "shards" / "eval" / "out", GOLDS)
+    save(answer_model(r"The answer is \boxed{7}."), runs / "sft_checkpoint" / "final")
+    (root / "configs" / "smoke").mkdir(parents=True)
+    (root / "configs" / "smoke" / "golden_eval.toml").write_text(CONFIG)
+    return root
+
+
+def _eval(root, stage: str) -> tuple[int, dict, str]:
+    """(exit code, metrics.json, what the worker printed): the worker's main() in this process, with the
+    launcher's environment and command line (the doit path is tests/integration's)."""
+    runs = root / "runs" / "smoke"
+    run_dir = runs / "golden_eval" / stage
+    argv = ["align.stages.golden_eval", "--config", str(root / "configs/smoke/golden_eval.toml"), f"stage={stage}"]
+    env = {"ALIGN_RUNS_DIR": str(runs), "ALIGN_RUN_DIR": str(run_dir), "ALIGN_ROOT": str(root)}
+    out, threads = io.StringIO(), torch.get_num_threads()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("sys.argv", argv)
+        for k, v in env.items():
+            mp.setenv(k, v)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+            code = run_with_exit_codes(golden_eval.main)
+    torch.set_num_threads(threads)
+    metrics = json.loads((run_dir / "metrics.json").read_text()) if code == 0 else {}
+    return code, metrics, out.getvalue()
+
+
+def test_metrics_outputs_and_golden_regression(project):
+    code, m, _ = _eval(project, "sft")
+    assert code == 0
+    ckpt = project / "runs/smoke/sft_checkpoint/final"
+    assert m["accuracy"] == pytest.approx(0.5) and m["examples"] == 6
+    assert m["pass_at_k"] == {"1": pytest.approx(0.5), "2": pytest.approx(0.5)}  # golds of rows 0-3: 7, 3, 7, 12
+    assert m["format_rate"] == 1.0 and m["truncation_rate"] == 0.0 and m["mean_length"] == 10.0
+    assert m["checkpoint_content_hash"] == checkpoint_content_hash(ckpt)
+    assert len(m["eval_set_hash"]) == 64 and m["eval_set_hash"] != m["sampled_set_hash"]
+    assert m["roundtrip"]["forward_equal"] and m["golden"]["status"] == "no_anchor"
+    out = project / "runs/smoke/golden_eval/sft/out"
+    manifest = read_manifest(out, kind="golden_eval", verify_hashes=True)
+    assert set(manifest["files"]) == {"samples.jsonl", "golden.json"}
+    rows = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert len(rows) == 6 + 4 * 2 and sum(r["reward"] for r in rows if r["pass"] == "greedy") == 3
+
+    assert accept(project, "smoke") == [f"sft: anchor updated (no_anchor before) -> "
+                                        f"{project / 'configs/smoke/golden/sft.json'}"]
+    code, m, _ = _eval(project, "sft")
+    assert code == 0 and m["golden"]["status"] == "match" and m["golden"]["passed"]
+
+    save(answer_model(r"The answer is \boxed{12}."), ckpt.parent / "new")  # a retrained rung
+    shutil.rmtree(ckpt)
+    (ckpt.parent / "new").rename(ckpt)
+    code, m, said = _eval(project, "sft")
+    golden = m["golden"]
+    assert code == 0 and golden["status"] == "checkpoint_changed" and not golden["passed"]
+    assert golden["differing"] == 3 and golden["first_diff"]["id"] == "ev-0"
+    assert r"+The answer is \boxed{12}." in golden["first_diff"]["diff"]
+    assert m["accuracy"] == pytest.approx(1 / 6)
+    assert "golden: 3 of 3 differ; first, ev-0:" in said
+
+
+@pytest.mark.parametrize("stage,said", [("ppo", "stage = 'ppo' is not a key of [checkpoints]"),
+                                        ("dpo", "dpo_checkpoint/final: does not exist")])  # declared, not built
+def test_an_unknown_stage_or_missing_checkpoint_is_bad_input(project, stage, said):
+    code, _, printed = _eval(project, stage)
+    assert code == 2 and said in printed

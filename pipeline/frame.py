@@ -11,6 +11,7 @@ from typing import Sequence
 from pipeline import exitcode
 from pipeline.layout import Project
 from pipeline.profiles import selected_profile
+from pipeline.report import report_task
 from pipeline.smoke import smoke_task
 from pipeline.stage import StageSpec, discover
 from pipeline.tasks import blocked_tasks, doit_config, ladder_tasks, prepare_runs, task_name
@@ -32,6 +33,7 @@ def install(namespace: dict, project: Project | None = None, stages: Sequence[St
     blocked = blocked_tasks(tasks)
     runnable = [t for t in tasks if "actions" in t and task_name(t) not in blocked]
     tasks.append(smoke_task(project, profile, runnable, blocked, dodo))
+    tasks.append(report_task(project, profile, runnable))
     namespace["DOIT_CONFIG"] = {**doit_config(project, profile), "default_tasks": [task_name(t) for t in runnable]}
 
     def task_ladder():

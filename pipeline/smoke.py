@@ -8,6 +8,7 @@ child's doit decides what is up to date, so the delegating task itself always ru
 from __future__ import annotations
 
 import subprocess
+import sys
 from pathlib import Path
 from typing import Sequence
 
@@ -18,6 +19,7 @@ from align.utils.fsio import atomic_write_json
 from pipeline import exitcode
 from pipeline.layout import Layout, Project
 from pipeline.receipts import read_receipt
+from pipeline.smoke_checks import SmokeChecks, load_checks, verify
 from pipeline.stage import LADDER, SMOKE
 from pipeline.tasks import task_name
 
@@ -35,13 +37,15 @@ def smoke_task(project: Project, profile: str, runnable: Sequence[dict], blocked
     receipts = [layout.receipt(task_name(t)) for t in runnable]
     declared = {t["basename"] for t in runnable} | {name.split(":")[0] for name in blocked}
     missing = [name for name in LADDER if name not in declared]
+    checks = load_checks(layout)  # configs/smoke/smoke.toml: what the receipts must show (pipeline/smoke_checks.py)
     return {
         "basename": SMOKE,
         "doc": doc,
-        "actions": [(_summarise, [receipts, layout.receipt(SMOKE), missing, blocked])],
+        "actions": [(_summarise, [receipts, layout.receipt(SMOKE), missing, blocked, checks])],
         "file_dep": [str(p) for p in receipts],
         "targets": [str(layout.receipt(SMOKE))],
-        "uptodate": [config_changed({"blocked": blocked, "missing": missing})],
+        "uptodate": [config_changed({"blocked": blocked, "missing": missing,
+                                     "checks": checks if isinstance(checks, str) else checks.as_dict()})],
     }
 
 
@@ -53,12 +57,18 @@ def _delegate(argv: list[str], cwd: Path) -> TaskFailed | None:
     return None
 
 
-def _summarise(receipts: list[Path], out: Path, missing: list[str], blocked: dict[str, str]) -> None:
+def _summarise(receipts: list[Path], out: Path, missing: list[str], blocked: dict[str, str],
+               checks: SmokeChecks | str) -> TaskFailed | None:
     tasks = {}
     for path in receipts:
         r = read_receipt(path)
         tasks[r["task"]] = {"outputs": r["outputs"], "metrics": r["metrics"], "code_digest": r["code_digest"],
                             "wall_s": r["wall_s"]}
+    problems = [checks] if isinstance(checks, str) else verify(checks, tasks, missing, blocked, SMOKE_PROFILE)
     atomic_write_json(out, {"task": SMOKE, "profile": SMOKE_PROFILE, "tasks": tasks,
-                            "stages_not_declared": missing, "tasks_blocked": blocked,
+                            "stages_not_declared": missing, "tasks_blocked": blocked, "check_problems": problems,
                             "wall_s": round(sum(t["wall_s"] for t in tasks.values()), 3)})
+    if problems:  # the summary is written (it says what failed), but doit records the task as failed
+        print("\n".join(f"align: smoke: {p}" for p in problems), file=sys.stderr, flush=True)
+        return TaskFailed(f"smoke: {len(problems)} check(s) failed on the receipts")
+    return None

@@ -37,14 +37,16 @@ class StepInputs:
 
 
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module, num_blocks: int, block_size: int):
+    def __init__(self, model: torch.nn.Module, num_blocks: int, block_size: int, min_rows: int = 16):
         cfg = model.config
         self.model = model
         self.block_size = block_size
+        self.min_rows = min_rows
+        self.trash_slot = num_blocks * block_size  # an extra block no sequence owns: padding rows write there
         self.sliding_window = cfg.sliding_window
         weight = model.model.embed_tokens.weight
         self.device = weight.device
-        shape = (cfg.num_hidden_layers, num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim)
+        shape = (cfg.num_hidden_layers, num_blocks + 1, block_size, cfg.num_key_value_heads, cfg.head_dim)
         # NOTE: zeros, not empty: a masked-out key still enters SDPA, and a NaN from uninitialised memory there
         # turns 0 * NaN into NaN in the output.
         self.k_cache = torch.zeros(shape, dtype=weight.dtype, device=self.device)
@@ -81,6 +83,12 @@ class ModelRunner:
                                           slice(offset, offset + n_tok), self.sliding_window, self.k_cache.dtype,
                                           self.device))
                 offset += n_tok
+        # Pad the step to min_rows tokens and sampling rows, so every matmul sees at least that many rows (see the
+        # EngineConfig.min_batch_rows note): padding tokens are token 0 at position 0 writing to the trash slot.
+        pad = max(0, self.min_rows - len(ids))
+        ids, pos, slots = ids + [0] * pad, pos + [0] * pad, slots + [self.trash_slot] * pad
+        if sample_index:
+            sample_index += sample_index[-1:] * max(0, self.min_rows - len(sample_index))
         as_long = lambda x: torch.tensor(x, dtype=torch.int64, device=self.device)  # noqa: E731
         return StepInputs(as_long(ids), as_long(pos), as_long(slots), tuple(groups), as_long(sample_index),
                           sample_seqs)
@@ -101,10 +109,10 @@ class ModelRunner:
         for i, layer in enumerate(m.layers):
             q, k, v = dec.qkv(i, hidden, rope)  # (N, H, Dh), (N, KVH, Dh) x2
             write_kv(self.k_cache[i], self.v_cache[i], inputs.slots, k, v)
-            if len(inputs.groups) == 1:
+            if len(inputs.groups) == 1 and inputs.groups[0].token_slice.stop == q.shape[0]:
                 out = group_attention(q, self.k_cache[i], self.v_cache[i], inputs.groups[0])
             else:
-                out = torch.empty_like(q)
+                out = torch.zeros_like(q)  # padding rows stay zero
                 for g in inputs.groups:
                     out[g.token_slice] = group_attention(q[g.token_slice], self.k_cache[i], self.v_cache[i], g)
             hidden = dec.mlp(i, hidden + layer.self_attn.o_proj(out.flatten(1)))  # (N, H * Dh) -> (N, D)
@@ -115,16 +123,19 @@ class ModelRunner:
         """Logits for the sampling rows, then a token per row, sampled SAMPLE_CHUNK_ROWS rows at a time."""
         params = _row_params(seqs, self.device)
         tokens, logprobs, model_logprobs = [], [], []
-        for lo in range(0, hidden.shape[0], LOGIT_CHUNK_ROWS):
-            # NOTE: one matmul per LOGIT_CHUNK_ROWS rows, not per sampling chunk: the head's weight (V x D, 32 MB
+        lo = 0
+        # Near-equal chunks (never a short tail): every head matmul keeps at least min_rows rows.
+        for chunk in hidden.tensor_split(-(-hidden.shape[0] // LOGIT_CHUNK_ROWS)):
+            # NOTE: one matmul per LOGIT_CHUNK_ROWS rows, not per sampling block: the head's weight (V x D, 32 MB
             # for the tiny profile) is larger than the caches, and each matmul streams all of it from memory.
-            logits = self.model.lm_head(hidden[lo:lo + LOGIT_CHUNK_ROWS]).float()  # (rows, V)
-            for sub in range(0, logits.shape[0], SAMPLE_CHUNK_ROWS):
-                rows = slice(lo + sub, lo + sub + SAMPLE_CHUNK_ROWS)
-                tok, lp, mlp = sample(logits[sub:sub + SAMPLE_CHUNK_ROWS], params.rows(rows))
+            logits = self.model.lm_head(chunk).float()  # (rows, V)
+            for sub in range(0, min(logits.shape[0], len(seqs) - lo), SAMPLE_CHUNK_ROWS):
+                rows = slice(lo + sub, min(lo + sub + SAMPLE_CHUNK_ROWS, len(seqs)))
+                tok, lp, mlp = sample(logits[sub:sub + rows.stop - rows.start], params.rows(rows))
                 tokens += tok.tolist()
                 logprobs += lp.tolist()
                 model_logprobs += mlp.tolist()
+            lo += logits.shape[0]
         return tokens, logprobs, model_logprobs
 
 

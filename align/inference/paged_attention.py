@@ -17,6 +17,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+# NOTE: CPU SDPA rounds differently when a (batch, kv head) has fewer than 4 query rows (measured: 1-3 rows differ
+# from 4+ by ~1e-7, 4..70 rows agree bitwise). Padding every call to at least 4 query rows makes a query's output
+# independent of how many others share the call (decode vs prefill, alone vs batched); see EngineConfig.min_batch_rows.
+MIN_QUERY_ROWS = 4
+
 
 @dataclass(frozen=True)
 class AttnGroup:
@@ -36,7 +41,7 @@ def build_group(starts: list[int], lengths: list[int], tables: list[list[int]], 
     nb = -(-max(ends) // block_size)
     padded = [t[:nb] + [0] * (nb - len(t[:nb])) for t in tables]
     block_tables = torch.tensor(padded, dtype=torch.int64, device=device)  # (R, nb)
-    tq = max(lengths)
+    tq = max(max(lengths), MIN_QUERY_ROWS) if max(lengths) > 1 else 1  # decode rows: see group_attention
     start = torch.tensor(starts, dtype=torch.int64, device=device)
     n = torch.tensor(lengths, dtype=torch.int64, device=device)
     steps = torch.arange(tq, device=device)
@@ -81,9 +86,12 @@ def group_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     h, dh = q.shape[1], q.shape[2]
     if group.pad_index is None:
         # Decode: the H // KVH query heads sharing a KV head become that head's query axis (no K/V repeat).
-        qg = q.view(R, kvh, h // kvh, dh)  # (R, KVH, G, Dh)
+        g = h // kvh
+        qg = q.view(R, kvh, g, dh)  # (R, KVH, G, Dh)
+        if g < MIN_QUERY_ROWS:
+            qg = F.pad(qg, (0, 0, 0, MIN_QUERY_ROWS - g))
         out = F.scaled_dot_product_attention(qg, k, v, attn_mask=group.mask)  # mask (R, 1, 1, L) broadcasts
-        return out.reshape(R, h, dh)
+        return out[:, :, :g].reshape(R, h, dh)
     tq = group.mask.shape[2]
     q_pad = q.new_zeros(R * tq, h, dh)
     q_pad[group.pad_index] = q

@@ -1,7 +1,7 @@
 """tests/control: the control plane proven by fault injection on the real SFT stage worker (CPU, gloo).
 
-Session fixtures: a tiny SFT shard set built by the data pipeline from the bundled math parquet, and the final weights
-of uninterrupted runs (one per world size) that every interrupted-and-resumed run must match bit for bit."""
+Session fixtures: a tiny SFT shard set built by the data pipeline from the bundled math parquet, and uninterrupted
+runs (one per world size) whose final weights every interrupted-and-resumed run must match bit for bit."""
 
 from __future__ import annotations
 
@@ -35,16 +35,16 @@ def shards(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def reference(shards, tmp_path_factory):
-    """reference(world) -> final weights of an uninterrupted run with that many ranks (built once)."""
-    cache: dict[int, dict] = {}
+    """reference(world) -> the Job of an uninterrupted run with that many ranks (run once, every checkpoint kept)."""
+    cache: dict[int, Job] = {}
 
-    def get(world: int) -> dict:
+    def get(world: int) -> Job:
         if world not in cache:
             job = Job(tmp_path_factory.mktemp(f"reference_w{world}"), shards, world)
             proc = job.run()
             assert proc.returncode == 0, proc.stderr[-3000:]
             assert [r["code"] for r in job.last_exits()] == [0] * world
-            cache[world] = job.final_weights()
+            cache[world] = job
         return cache[world]
 
     return get

@@ -91,7 +91,7 @@ def kill_trial(job: Job, kind: str, rng: random.Random, reference) -> None:
     assert resumed == {f"step_{newest}"}, what  # the newest complete one, never the partial
     assert job.partial_dirs() == [], what  # the relaunch's saves swept the dead writer's staging dirs
     assert job.complete_checkpoints() == list(range(EVERY, MAX_STEPS + 1, EVERY))
-    assert_bitwise_equal(reference(job.world), job.final_weights())
+    assert_bitwise_equal(reference(job.world).final_weights(), job.final_weights())
 
 
 @pytest.mark.parametrize("trial, kind", [(0, "external"), (1, "external-save"), (2, "self")])

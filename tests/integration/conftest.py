@@ -1,0 +1,6 @@
+"""tests/integration: the project helper sits beside the tests."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))

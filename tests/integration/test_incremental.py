@@ -1,0 +1,75 @@
+"""Incremental rebuilds of the real smoke ladder under real doit, in a private copy of the project: each kind of
+edit reruns exactly the stages that depend on it.
+
+  (a) the DPO beta in configs/smoke/dpo.toml  -> dpo_checkpoint, grpo_checkpoint and their evals (not ref_cache,
+                                                 not SFT, not golden_eval:sft)
+  (b) the GRPO loss code (align/rl/grpo_loss.py) -> grpo_checkpoint and golden_eval:grpo only
+  (c) a parquet file's mtime, bytes unchanged  -> nothing (doit's md5 checker)
+  (d) a parquet file's content (one SFT row)   -> every stage downstream of it: its ingest and shards, and every
+                                                 checkpoint rung, cache and eval (the other sources' ingest/shards,
+                                                 whose bytes did not change, stay)
+
+Slow tier: a full smoke ladder plus three partial rebuilds (~10-20 minutes on 2 shared cores)."""
+
+from __future__ import annotations
+
+import os
+import re
+
+import pyarrow.parquet as pq
+import pytest
+
+from ladder_project import doit, make_project
+
+pytestmark = pytest.mark.slow
+
+RUNGS = ["sft_checkpoint", "ref_cache", "dpo_checkpoint", "grpo_checkpoint"]
+EVALS = ["golden_eval:sft", "golden_eval:dpo", "golden_eval:grpo"]
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    root = make_project(tmp_path_factory.mktemp("ladder"))
+    first = doit(root)
+    assert first.returncode == 0, first.output[-4000:]
+    assert set(RUNGS + EVALS) <= set(first.ran), first.ran
+    again = doit(root)
+    assert again.returncode == 0 and again.ran == [], again.output[-2000:]  # a no-op: nothing changed
+    return root
+
+
+def test_a_parquet_touch_reruns_nothing(built):
+    path = built / "data/raw/math_sft.parquet"
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns + 10**10, st.st_mtime_ns + 10**10))
+    res = doit(built)
+    assert res.returncode == 0 and res.ran == [], res.output[-2000:]
+
+
+def test_a_dpo_beta_edit_reruns_dpo_grpo_and_their_evals(built):
+    cfg = built / "configs/smoke/dpo.toml"
+    text = cfg.read_text()
+    beta = re.search(r"^beta = (\S+)", text, re.M)
+    cfg.write_text(text[: beta.start(1)] + repr(float(beta.group(1)) * 2) + text[beta.end(1):])
+    res = doit(built)
+    assert res.returncode == 0, res.output[-4000:]
+    assert sorted(res.ran) == sorted(["dpo_checkpoint", "grpo_checkpoint", "golden_eval:dpo", "golden_eval:grpo"])
+
+
+def test_a_grpo_loss_code_edit_reruns_grpo_and_its_eval(built):
+    loss = built / "align/rl/grpo_loss.py"
+    loss.write_text(loss.read_text() + "\n# an edit: the code digest of every stage that imports this file changes\n")
+    res = doit(built)
+    assert res.returncode == 0, res.output[-4000:]
+    assert sorted(res.ran) == ["golden_eval:grpo", "grpo_checkpoint"]
+
+
+def test_a_parquet_content_change_reruns_everything_downstream(built):
+    path = built / "data/raw/math_sft.parquet"
+    table = pq.read_table(path)
+    rows = table.to_pylist()
+    rows[0]["messages"][0]["content"] = rows[0]["messages"][0]["content"].replace(".", " .", 1)
+    pq.write_table(table.from_pylist(rows, schema=table.schema), path)
+    res = doit(built)
+    assert res.returncode == 0, res.output[-4000:]
+    assert sorted(res.ran) == sorted(["ingest:math_sft", "shards:sft", *RUNGS, *EVALS])

@@ -48,16 +48,15 @@ class EngineConfig:
     kv_cache_max_mb: int = 512  # cap on the automatically sized KV cache (the cache is zero-filled up front)
     enable_prefix_caching: bool = True  # share computed prompt blocks between sequences with the same prefix
     seed: int = 0  # base of the per-request seed for requests that bring none
-    # Every matmul of a step gets at least this many rows (padding rows are computed and dropped). NOTE: below ~12
-    # rows this CPU's GEMM switches to kernels that round differently (measured: rows 1-3 on one thread, 1-11 on
-    # two), so without padding a sequence's logits, and sometimes its greedy tokens, would depend on how many other
-    # sequences share its steps. With it, and block_size a multiple of 16 (attention keys then come in whole
-    # 16-key chunks), a sequence's tokens and log-probs are bitwise the same alone or in any batch. 1 = off.
-    min_batch_rows: int = 16
+    # Pad each step's matmuls to row counts whose rounding matches any larger batch (see model_runner.padded_rows),
+    # and attention calls to >= 4 query rows. With it, and block_size a multiple of 16 (attention keys then come in
+    # whole 16-key chunks), a sequence's tokens and log-probs are bitwise the same alone or in any batch; without it
+    # they can differ in the last bits, and a greedy near-tie can flip. Costs ~4 padded rows at batch 1.
+    batch_invariant: bool = True
 
     def __post_init__(self):
         problems = []
-        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "kv_cache_max_mb", "min_batch_rows"):
+        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "kv_cache_max_mb"):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_model_len is not None and self.max_model_len < 2:

@@ -5,10 +5,10 @@ cache), `scheduler` (what runs next), `model_runner` (forward + sampling), `samp
 A request that cannot run (empty prompt, token ids outside the vocabulary, a prompt that fills the context, a
 request larger than the whole cache) gets an error result of its own; the others run as if it were not there.
 
-Determinism: with the default `min_batch_rows` and a block size that is a multiple of 16, a request's tokens and
+Determinism: with `batch_invariant` (the default) and a block size that is a multiple of 16, a request's tokens and
 log-probs are bitwise the same whatever else is in the batch, in which order, however its prompt is chunked, and
 whether it was preempted or took its prefix from the cache (tests/inference/test_engine.py proves it on CPU; it
-rests on measured properties of this machine's GEMM/SDPA kernels, see EngineConfig.min_batch_rows)."""
+rests on measured properties of this machine's GEMM/SDPA kernels, see model_runner.padded_rows)."""
 
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ class Engine:
         num_blocks = config.num_blocks or self._auto_num_blocks(mcfg)
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.block_manager)
-        self.runner = ModelRunner(model, num_blocks, config.block_size, config.min_batch_rows)
+        self.runner = ModelRunner(model, num_blocks, config.block_size, config.batch_invariant)
         self.weight_version = 0
         self._weights_stamp = self._stamp()
         self.stats = EngineStats()

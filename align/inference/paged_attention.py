@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 # NOTE: CPU SDPA rounds differently when a (batch, kv head) has fewer than 4 query rows (measured: 1-3 rows differ
 # from 4+ by ~1e-7, 4..70 rows agree bitwise). Padding every call to at least 4 query rows makes a query's output
-# independent of how many others share the call (decode vs prefill, alone vs batched); see EngineConfig.min_batch_rows.
+# independent of how many others share the call (decode vs prefill, alone vs batched); see EngineConfig.batch_invariant.
 MIN_QUERY_ROWS = 4
 
 

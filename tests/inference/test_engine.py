@@ -215,7 +215,7 @@ def test_an_engine_sharing_its_model_with_a_trainer_follows_in_place_updates():
 # a host whose cores are oversubscribed two-thread ops stall (measured 3 min for this test at load 18, 6 s at 1).
 @pytest.mark.parametrize("threads", [1, pytest.param(2, marks=pytest.mark.slow)])
 def test_tokens_and_logprobs_are_bitwise_identical_alone_or_in_any_batch(model, threads):
-    # The determinism contract (EngineConfig.min_batch_rows, block_size 16): batch composition, chunked prefill,
+    # The determinism contract (EngineConfig.batch_invariant, block_size 16): batch composition, chunked prefill,
     # admission order, preemption with recompute and prefix sharing change nothing, not even the last bit.
     prompts = random_prompts([13, 40, 7, 29, 3, 18, 32, 32], model.config.vocab_size, seed=14)
     prompts[7] = prompts[6]  # two requests with one prompt: the second shares the first's blocks

@@ -49,7 +49,7 @@ class BundleConfig:
     n_pairs: int = 1500
     n_rl: int = 1000
     n_eval_per_level: int = 100
-    level_mix: tuple[float, float, float] = (0.3, 0.35, 0.35)
+    level_mix: tuple[float, float, float] = (0.4, 0.3, 0.3)
     wrong_kinds: tuple[str, ...] = field(default=WRONG_KINDS)
 
 

@@ -4,9 +4,9 @@ A tiny Mistral-architecture model trained from scratch on two CPU cores for a fe
 partly: well above zero after SFT, far from saturated, so that DPO and GRPO have room to raise it. The difficulty
 levels are the knob (calibration numbers: data/README.md):
 
-- level 1: one step, a small number plus or minus a single digit ("Mia has 7 apples. She finds 5 more. ...").
-- level 2: one step with two-digit operands, or a single-digit product ("4 bags with 6 pens in each bag").
-- level 3: two steps (a product or a small number, then a gain or a loss).
+- level 1: one step, 1-20 plus or minus 1-9 ("Mia has 7 apples. She finds 5 more. ...").
+- level 2: one step, 10-49 plus or minus 1-9, or a product 2-9 x 2-5 ("4 bags with 5 pens in each").
+- level 3: two steps: a product 2-5 x 2-5 or 2-20 plus or minus 1-9, then a gain or a loss of 1-9.
 
 A problem's `key` is its arithmetic content (operations and operands, not its wording); the held-out eval split is
 disjoint from every training split by key, so no eval problem appears in training even reworded.
@@ -68,26 +68,26 @@ class Problem:
 
 def _draw_level1(rng: random.Random) -> tuple[Step, ...]:
     if rng.random() < 0.5:
-        return (Step(rng.randint(1, 30), "add", rng.randint(1, 9)),)
+        return (Step(rng.randint(1, 20), "add", rng.randint(1, 9)),)
     b = rng.randint(1, 9)
-    return (Step(rng.randint(b + 1, 30), "sub", b),)
+    return (Step(rng.randint(b + 1, 20), "sub", b),)
 
 
 def _draw_level2(rng: random.Random) -> tuple[Step, ...]:
     kind = rng.random()
-    if kind < 0.4:
-        return (Step(rng.randint(10, 69), "add", rng.randint(10, 29)),)
-    if kind < 0.75:
-        b = rng.randint(10, 29)
-        return (Step(rng.randint(b + 1, 79), "sub", b),)
-    return (Step(rng.randint(2, 9), "mul", rng.randint(2, 9)),)
+    if kind < 0.35:
+        return (Step(rng.randint(10, 49), "add", rng.randint(1, 9)),)
+    if kind < 0.7:
+        b = rng.randint(1, 9)
+        return (Step(rng.randint(max(10, b + 1), 49), "sub", b),)
+    return (Step(rng.randint(2, 9), "mul", rng.randint(2, 5)),)
 
 
 def _draw_level3(rng: random.Random) -> tuple[Step, ...]:
-    if rng.random() < 0.4:
-        first = Step(rng.randint(2, 6), "mul", rng.randint(2, 6))
+    if rng.random() < 0.3:
+        first = Step(rng.randint(2, 5), "mul", rng.randint(2, 5))
     else:
-        first = Step(rng.randint(5, 30), rng.choice(("add", "sub")), rng.randint(1, 9))
+        first = Step(rng.randint(2, 20), rng.choice(("add", "sub")), rng.randint(1, 9))
         if first.op == "sub" and first.b >= first.a:
             first = Step(first.a, "add", first.b)
     mid = first.result

@@ -48,8 +48,8 @@ LOADS = {  # prompts, samples per prompt, new tokens, temperature
 PROMPT_LEN = 64
 
 
-def run_align(model, prompts, samples: int, new: int, temperature: float) -> float:
-    cfg = EngineConfig(max_model_len=PROMPT_LEN + new + 1, max_num_seqs=256)
+def run_align(model, prompts, samples: int, new: int, temperature: float, invariant: bool = True) -> float:
+    cfg = EngineConfig(max_model_len=PROMPT_LEN + new + 1, max_num_seqs=256, batch_invariant=invariant)
     client = NativeRolloutClient(model, cfg)  # fresh engine: no prefix cache left over from the last repeat
     params = SamplingParams(temperature=temperature, max_new_tokens=new)
     reqs = [RolloutRequest(tuple(p), num_samples=samples, params=params, seed=i) for i, p in enumerate(prompts)]
@@ -79,10 +79,12 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--no-hf", action="store_true", help="skip transformers even when installed")
+    ap.add_argument("--no-batch-invariant", action="store_true", help="EngineConfig.batch_invariant=False")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     result = {"bench": "generate", "what": "generated tokens/s (wall, prefill included), fp32",
               "prompt_len": PROMPT_LEN, "threads": args.threads, "repeats": args.repeats,
+              "batch_invariant": not args.no_batch_invariant, "load_avg_1m_start": round(os.getloadavg()[0], 2),
               "malloc": {k: os.environ[k] for k in ("MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_") if k in os.environ}
               or "glibc default", "torch": torch.__version__, "python": platform.python_version()}
     for shape in args.shapes.split(","):
@@ -100,7 +102,7 @@ def main() -> None:
                 run_hf(twin, prompts[:1], 1, 4, temp)
             rates: dict[str, list[float]] = {"align": [], "transformers": []}
             for _ in range(args.repeats):
-                rates["align"].append(run_align(model, prompts, samples, new, temp))
+                rates["align"].append(run_align(model, prompts, samples, new, temp, not args.no_batch_invariant))
                 if twin is not None:
                     rates["transformers"].append(run_hf(twin, prompts, samples, new, temp))
             key = f"{shape}_{load}"
@@ -111,6 +113,7 @@ def main() -> None:
             if rates["transformers"]:
                 result[f"{key}_speedup_median"] = round(statistics.median(rates["align"])
                                                         / statistics.median(rates["transformers"]), 2)
+    result["load_avg_1m_end"] = round(os.getloadavg()[0], 2)  # other work on the host skews both sides
     print(json.dumps(result))
 
 

@@ -1,7 +1,8 @@
 """Runs an align Mistral model over one scheduled step with the paged KV cache, then samples.
 
 The step's tokens from all sequences are one flat (N, D) batch: embeddings, norms, projections, MLPs and RoPE
-are per token, so they run on exactly the real tokens with no padding. Only attention looks across tokens, and it
+are per token, so they run on the real tokens with no per-sequence padding (only a few rows to a batch-invariant
+count, see `padded_rows`). Only attention looks across tokens, and it
 goes through `paged_attention` per query-shape group. Decoding sequences are laid out first so their group is a
 contiguous slice. The layers run through `FusedDecoder` (the model's weights with q/k/v and gate/up fused, see
 fused_layers.py) and the model's own `embed_tokens`, `rope`, `o_proj`, `down_proj`, `norm` and `lm_head`, so the
@@ -32,14 +33,14 @@ class StepInputs:
     positions: torch.Tensor  # (N,) int64
     slots: torch.Tensor  # (N,) int64: cache slot of each token
     groups: tuple[AttnGroup, ...]
-    sample_index: torch.Tensor  # (S,) int64: flat index of the last token of each sequence that samples
+    sample_index: torch.Tensor  # (S',) int64: flat index of the last token of each sampling sequence (padded)
     sample_seqs: list[Sequence]
 
 
 def padded_rows(m: int) -> int:
     """The row count a step's m rows are padded to so every row rounds as it would in any larger batch.
 
-    NOTE: measured on this machine's torch 2.13 CPU GEMM (oneDNN/MKL), fp32, shapes of the tiny and small profiles:
+    NOTE: measured on this machine's torch 2.13 CPU GEMM (oneDNN/MKL), fp32, weights (V|F|D) x D for D = 256, 768, 1024:
     a row's result is bitwise that of a 16-row batch for m = 4, 8 and every m >= 12 up to 2048, with 1 or 2
     threads; m = 1-3 (one thread) and 1-3, 5-7, 9-11 (two threads) take other kernels that round differently."""
     if m <= 4:

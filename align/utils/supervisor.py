@@ -35,6 +35,7 @@ from align.exit_codes import BAD_INPUT, HALT_CODES, HALT_MARKER, NAMES, PREFLIGH
 from align.utils.manifest import read_manifest
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
+TORCHRUN_GRACE_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"  # torchrun's SIGTERM -> SIGKILL grace for its workers
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,7 @@ class SupervisorConfig:
     backoff_s: float = 5.0  # wait before the preflight that gates a relaunch
     kill_grace_s: float = 10.0  # SIGTERM -> SIGKILL grace when tearing down a process group
     empty_timeout_s: float = 30.0  # how long to wait for a killed group to disappear
+    stop_grace_s: int = 600  # how long a signalled torchrun lets its workers finish the step and the stop checkpoint
 
 
 @dataclass(frozen=True)
@@ -242,6 +244,10 @@ def supervise(argv: Sequence[str], run_dir: str | os.PathLike, *, config: Superv
     (default: this process's stdout). `preflight` raises `ExitCodeError` to refuse a relaunch."""
     echo = echo if echo is not None else sys.stdout.buffer
     sinks = [s for s in (log, echo) if s is not None]
+    # NOTE: a forwarded SIGTERM reaches torchrun too, which SIGKILLs its workers 30 s later by default: a stop whose
+    # checkpoint takes longer (any 7B save) would die mid-save and lose it (tests/control/test_supervisor_stops.py).
+    env = dict(os.environ if env is None else env)
+    env.setdefault(TORCHRUN_GRACE_ENV, str(config.stop_grace_s))
     say = say or (lambda msg: _note(sinks, msg))
     attempts: list[Attempt] = []
     with _Forwarder() as forwarder:

@@ -9,7 +9,8 @@ Loads (generated tokens per second of wall time, prefill included):
 Shapes: tiny (the embedded profile: vocab 32768, d 256, 4 layers, 8/2 heads, ffn 768) and small (d 512, 8 layers,
 8/2 heads, ffn 1536). Both fp32, random weights; no stop tokens (transformers with min_new_tokens = max_new_tokens),
 so both produce exactly the same number of tokens. Runs alternate (align, transformers, ...) so machine noise hits
-both; best and median of the repeats are printed, as ONE JSON line. Usage:
+both; best and median of the repeats are printed, as ONE JSON line, with tokens per CPU-second of the process beside
+tokens per wall second (on a shared host the CPU figure is the steadier one). Usage:
 
     .venv/bin/python bench/generate.py [--shapes tiny,small --loads b1,b16,grpo --repeats 3 --threads 2]
 """
@@ -53,23 +54,23 @@ def run_align(model, prompts, samples: int, new: int, temperature: float, invari
     client = NativeRolloutClient(model, cfg)  # fresh engine: no prefix cache left over from the last repeat
     params = SamplingParams(temperature=temperature, max_new_tokens=new)
     reqs = [RolloutRequest(tuple(p), num_samples=samples, params=params, seed=i) for i, p in enumerate(prompts)]
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     batch = client.generate(reqs)
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     assert sum(len(r.completion_ids) for r in batch.results) == len(prompts) * samples * new
-    return len(prompts) * samples * new / wall
+    return len(prompts) * samples * new / wall, len(prompts) * samples * new / cpu
 
 
 @torch.inference_mode()
 def run_hf(twin, prompts, samples: int, new: int, temperature: float) -> float:
     ids = torch.tensor(prompts)
     kw = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature > 0 else dict(do_sample=False)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     out = twin.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new,
                         num_return_sequences=samples, pad_token_id=0, **kw)
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     assert out.shape == (len(prompts) * samples, PROMPT_LEN + new)
-    return len(prompts) * samples * new / wall
+    return len(prompts) * samples * new / wall, len(prompts) * samples * new / cpu
 
 
 def main() -> None:
@@ -100,19 +101,24 @@ def main() -> None:
             run_align(model, prompts[:1], 1, 4, temp)  # warm-up: thread pools, allocator
             if twin is not None:
                 run_hf(twin, prompts[:1], 1, 4, temp)
-            rates: dict[str, list[float]] = {"align": [], "transformers": []}
+            rates: dict[str, list[tuple[float, float]]] = {"align": [], "transformers": []}
             for _ in range(args.repeats):
                 rates["align"].append(run_align(model, prompts, samples, new, temp, not args.no_batch_invariant))
                 if twin is not None:
                     rates["transformers"].append(run_hf(twin, prompts, samples, new, temp))
             key = f"{shape}_{load}"
+            med = {}
             for name, vals in rates.items():
                 if vals:
-                    result[f"{key}_{name}_tok_s_best"] = round(max(vals), 1)
-                    result[f"{key}_{name}_tok_s_median"] = round(statistics.median(vals), 1)
+                    walls, cpus = [v[0] for v in vals], [v[1] for v in vals]
+                    result[f"{key}_{name}_tok_s_best"] = round(max(walls), 1)
+                    result[f"{key}_{name}_tok_s_median"] = med[name] = round(statistics.median(walls), 1)
+                    # tokens per CPU-second of this process: less skewed than wall time on a shared host
+                    med[name + "_cpu"] = round(statistics.median(cpus), 1)
+                    result[f"{key}_{name}_tok_per_cpu_s_median"] = med[name + "_cpu"]
             if rates["transformers"]:
-                result[f"{key}_speedup_median"] = round(statistics.median(rates["align"])
-                                                        / statistics.median(rates["transformers"]), 2)
+                result[f"{key}_speedup_median"] = round(med["align"] / med["transformers"], 2)
+                result[f"{key}_speedup_cpu_median"] = round(med["align_cpu"] / med["transformers_cpu"], 2)
     result["load_avg_1m_end"] = round(os.getloadavg()[0], 2)  # other work on the host skews both sides
     print(json.dumps(result))
 

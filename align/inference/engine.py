@@ -43,7 +43,7 @@ class EngineStats:
 class Engine:
     def __init__(self, model: torch.nn.Module, config: EngineConfig = EngineConfig()):
         self.config = config
-        self.model = model.eval()
+        self.model = model  # not .eval(): a model shared with a trainer keeps its mode (nothing here depends on it)
         mcfg = model.config
         self.max_model_len = config.max_model_len or mcfg.max_position_embeddings
         self.vocab_size = mcfg.vocab_size

@@ -1,8 +1,8 @@
 """The interface between a trainer and a sampler: plain dataclasses and the client protocol.
 
 Only plain dataclasses of ints, floats and strings cross this seam (no tensors), so an out-of-process backend (a
-vLLM worker in its own environment) can speak it too. A trainer submits `RolloutRequest`s (one prompt, G samples), keeps training, and collects a
-`RolloutBatch` later: one `RolloutResult` per sample, grouped by request in submission order, each stamped with the
+vLLM worker in its own environment) can speak it too. A trainer submits `RolloutRequest`s (one prompt, G samples),
+keeps training, and collects a `RolloutBatch` later: one `RolloutResult` per sample, grouped by request in submission order, each stamped with the
 weight version that produced it so a trainer can measure (and bound) staleness."""
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 The control plane's claims (a stop lands on a step boundary, a killed save is never resumed, a NaN on one rank halts
 every rank, a hang ends at the collective timeout) are proven by making the REAL stage worker, launched the real way
-(torchrun, the supervisor), fail exactly where a test says (tests/control). Unarmed, every hook returns after one
-test of a module global: the loop pays nothing measurable.
+(torchrun, the supervisor), fail exactly where a test says (tests/control). Unarmed, every hook is one call that tests
+a module global and returns: the loop pays nothing measurable.
 
     ALIGN_FAULTS="ACTION@POINT[,key=value|flag]...[;...]"   unset or empty: nothing is armed
     ALIGN_FAULTS_STATE=DIR                                   where `once` faults record that they fired

@@ -42,7 +42,7 @@ class LoaderConfig:
 
     micro_batch_size: int = 8  # rows per micro-batch; with max_tokens, the most rows a micro-batch may hold
     grad_accum: int = 1  # micro-batches per rank per optimizer step
-    max_tokens: int | None = None  # token budget: rows x padded width of a micro-batch stays <= this
+    max_tokens: int | None = None  # token budget: padded tokens of a micro-batch (rows x width x arms) <= this
     shuffle: bool = True
     pad_to_multiple: int = 1  # padded width rounded up to this (8 or 64 helps GPU kernels)
     pad_id: int = 0  # id written under attention_mask False (never attended, never a label)
@@ -111,7 +111,7 @@ class BatchLoader:
         self._loss_tokens = shards.row_loss_tokens
         if cfg.max_tokens is not None:
             widest = int(self._lengths.max())
-            if round_up(widest, cfg.pad_to_multiple) > cfg.max_tokens:
+            if round_up(widest, cfg.pad_to_multiple) * shards.seqs_per_row > cfg.max_tokens:
                 row = int(self._lengths.argmax())
                 raise ConfigError(f"loader.max_tokens = {cfg.max_tokens} is below row {row} of {shards.path} "
                                   f"({widest} tokens): no micro-batch could hold it")
@@ -124,7 +124,7 @@ class BatchLoader:
         if epoch not in self._plan_cache:
             order = epoch_order(len(self.shards), self.seed, epoch, self.cfg.shuffle)
             starts = micro_batch_starts(self._lengths[order], self.cfg.micro_batch_size, self.cfg.max_tokens,
-                                        self.cfg.pad_to_multiple)
+                                        self.cfg.pad_to_multiple, self.shards.seqs_per_row)
             self._plan_cache = {e: p for e, p in self._plan_cache.items() if e >= epoch - 1}
             self._plan_cache[epoch] = (order, starts)
         return self._plan_cache[epoch]

@@ -41,19 +41,20 @@ def round_up(x: int, multiple: int) -> int:
 
 
 def micro_batch_starts(lengths: np.ndarray, micro_batch_size: int, max_tokens: int | None,
-                       pad_to_multiple: int = 1) -> np.ndarray:
+                       pad_to_multiple: int = 1, arms: int = 1) -> np.ndarray:
     """Boundaries (n_micro + 1,) of consecutive micro-batches over rows whose lengths (in order) are `lengths`.
 
     Fixed mode (`max_tokens` None): `micro_batch_size` rows each, the last one possibly shorter.
-    Token-budget mode: greedy, a micro-batch grows while rows x padded width stays <= `max_tokens` and it has at
-    most `micro_batch_size` rows. The caller checks that no single row exceeds the budget."""
+    Token-budget mode: greedy, a micro-batch grows while arms x rows x padded width (the tokens of the padded
+    tensors: a preference pair has 2 arms) stays <= `max_tokens` and it has at most `micro_batch_size` rows. The
+    caller checks that no single row exceeds the budget."""
     n = len(lengths)
     if max_tokens is None:
         return np.append(np.arange(0, n, micro_batch_size, dtype=np.int64), np.int64(n))
     starts, count, width = [0], 0, 0
     for i, length in enumerate(lengths.tolist()):
         new_width = max(width, round_up(length, pad_to_multiple))
-        if count and ((count + 1) * new_width > max_tokens or count + 1 > micro_batch_size):
+        if count and (arms * (count + 1) * new_width > max_tokens or count + 1 > micro_batch_size):
             starts.append(i)
             count, new_width = 0, round_up(length, pad_to_multiple)
         count, width = count + 1, new_width

@@ -179,6 +179,13 @@ def test_token_budget_batches_respect_the_budget_and_cover_the_epoch(sft):
         BatchLoader(sft, LoaderConfig(max_tokens=20), 1)
 
 
+def test_token_budget_counts_both_arms_of_a_pair(pairs):
+    cfg = LoaderConfig(micro_batch_size=64, max_tokens=400, num_epochs=1)
+    for batch in BatchLoader(pairs, cfg, 2):
+        for mb in batch.micro_batches:
+            assert mb["chosen_input_ids"].numel() + mb["rejected_input_ids"].numel() <= 400
+
+
 def test_num_epochs_stops_every_rank_after_the_same_number_of_steps(sft):
     cfg = LoaderConfig(micro_batch_size=4, num_epochs=1)
     counts = [len(list(BatchLoader(sft, cfg, 1, rank=r, world_size=3))) for r in range(3)]

@@ -9,9 +9,11 @@ Per rollout (this rank's share: P / world_size prompts x G samples):
        dropped; with dynamic sampling a group whose rewards are all equal is dropped too, and fresh prompts top the
        rollout up, for at most `max_rounds` more rounds; still short, the dropped groups fill the gap (their
        advantages are 0: they add no gradient, but every rank keeps the same number of micro-batches)
-    4. the training model's log-probs at the rollout's weights (`old_logprobs = "recompute"`; the exact pi_old of
-       the ratio, and rho's numerator), the reference's when the loss or the reward has a KL term
-    5. advantages per group (align.rl.advantages), then `num_minibatches` windows (align.rl.assembly)
+    4. the reference's log-probs when the loss or the reward has a KL term; advantages per group
+       (align.rl.advantages); `num_minibatches` windows (align.rl.assembly)
+    5. `old_logprobs = "recompute"`: the training model's log-probs at the rollout's weights (the exact pi_old of
+       the ratio, and rho's numerator): the first window's come from its own training forward (flag
+       `old_from_forward`), the later windows' from a no-grad pass now
 A window whose rollout is staler than `max_staleness` optimizer steps when it comes up is trained
 (`on_stale = "correct"`: the ratio and rho account for it) or dropped with the rest of its rollout ("refuse").
 
@@ -102,8 +104,6 @@ class GrpoBatchSource:
         advantages = torch.zeros(len(groups), self.shape.samples)
         batch = assemble(groups, advantages, self.shape.truncated)
         t1 = time.perf_counter()
-        if self.old_scorer is not None:
-            batch["old_logprobs"] = self._score(batch, self.old_scorer)
         if self.ref_scorer is not None:
             batch["ref_logprobs"] = self._score(batch, self.ref_scorer)
             if self.reward.needs_reference:
@@ -111,9 +111,11 @@ class GrpoBatchSource:
         rewards = torch.tensor([g.totals for g in groups], dtype=torch.float64)
         batch["rewards"] = rewards.reshape(-1).float()
         batch["advantages"] = group_advantages(rewards, self.advantage).reshape(-1).float()
-        score_s = time.perf_counter() - t1
         windows = split_windows(batch, self.shape.num_minibatches, self.shape.micro_batch_size,
                                 window_seed(self.seed, self.rollouts))
+        if self.old_scorer is not None:
+            self._score_old(windows)
+        score_s = time.perf_counter() - t1
         stats = {**counts, "rollout/gen_s": gen_s, "rollout/score_s": score_s, "rollout/refused_windows":
                  float(self.refused), "rollout/ranks": 1.0}
         self.rollouts += 1
@@ -181,9 +183,21 @@ class GrpoBatchSource:
             out[rows, :scored.shape[1]] = scored * part["completion_mask"]
         return out
 
+    def _score_old(self, windows: list[list[dict]]) -> None:
+        """pi_old for every row. The first window trains on exactly the weights that sampled it, so its training
+        forward IS the training model's log-prob at the rollout's weights: it is flagged `old_from_forward` and
+        costs no extra pass. Later windows are scored now, before the policy moves."""
+        for j, window in enumerate(windows):
+            for mb in window:
+                if j == 0:
+                    mb["old_from_forward"] = True
+                else:
+                    mb["old_logprobs"] = self.old_scorer(mb).float().cpu() * mb["completion_mask"]
+
     def _shape_with_kl(self, groups: list[Group], batch: dict) -> list[Group]:
-        """Rewards after KL shaping: seq_kl = sum_t (old - ref) over the completion, per sample."""
-        seq_kl = ((batch["old_logprobs"] - batch["ref_logprobs"]) * batch["completion_mask"]).sum(1).tolist()
+        """Rewards after KL shaping: seq_kl = sum_t (rollout - ref) over the completion, per sample (the sampler's
+        log-probs stand for the policy's: pi_old is not known for every row before the windows are cut)."""
+        seq_kl = ((batch["rollout_logprobs"] - batch["ref_logprobs"]) * batch["completion_mask"]).sum(1).tolist()
         it = iter(seq_kl)
         return [Group(g.prompt_row, tuple(ScoredSample(s.prompt_row, s.prompt_ids, s.completion_ids,
                                                        s.rollout_logprobs, s.finish_reason, s.weight_version,

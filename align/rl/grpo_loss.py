@@ -57,7 +57,9 @@ class GrpoLossConfig:
     rho_cap: float | None = 2.0  # TIS: w = min(rho, rho_cap); None: no truncation
     rho_mask_low: float | None = None  # tokens (sequences at sequence level) with rho below this get weight 0
     rho_mask_high: float | None = None  # ... or above this
-    chunk_size: int = 1024  # completion tokens per logits chunk in the fused head
+    chunk_size: int = 1024  # completion tokens per logits chunk in the head
+    fused: bool = True  # token-level ratio: gradients formed in forward (align.rl.fused_objective, 3 head GEMMs
+    # instead of 4); false, or ratio_level "sequence": logits recomputed in backward (align.rl.token_logprobs)
 
     def __post_init__(self):
         problems = []

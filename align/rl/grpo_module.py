@@ -25,7 +25,8 @@ from torch import nn
 
 from align.rl.assembly import check_layout
 from align.rl.grpo_loss import GrpoLossConfig, clip_fractions, loss_sum, loss_units, policy_terms
-from align.rl.token_logprobs import completion_logprobs
+from align.rl.fused_objective import fused_token_objective
+from align.rl.token_logprobs import completion_logprobs, completion_rows, unflatten
 from align.rl.tripwires import GrpoHealth
 from align.train.train_module import LossOutput, TrainModule, TrainModuleConfig
 
@@ -56,13 +57,53 @@ class GrpoTrainModule(TrainModule):
             return LossOutput(logp.new_zeros(()), {"logprobs": logp})
         check_layout(batch)
         cfg = self.loss_cfg
+        if cfg.fused and cfg.ratio_level == "token":
+            return self._fused_loss(model, batch)
         logp, entropy = completion_logprobs(model, batch, self.temperature, cfg.chunk_size)  # (N, C) each
         mask = batch["loss_mask"]
-        terms = policy_terms(logp, batch["old_logprobs"], batch["rollout_logprobs"], batch["advantages"], mask, cfg,
-                             batch.get("ref_logprobs"))
+        terms = policy_terms(logp, self._old_logprobs(batch, logp), batch["rollout_logprobs"], batch["advantages"],
+                             mask, cfg, batch.get("ref_logprobs"))
         total = loss_sum(terms.per_token, mask, cfg.normalisation)
-        sums = self._statistics(batch, entropy, terms, total)
-        return LossOutput(total, sums)
+        return LossOutput(total, self._statistics(batch, entropy, terms, total))
+
+    def _fused_loss(self, model: nn.Module, batch: dict) -> LossOutput:
+        """The same objective with the head's gradient formed in forward (align.rl.fused_objective): each real
+        completion token's l_i (policy_terms on that token alone) times its share of the normaliser."""
+        cfg = self.loss_cfg
+        hidden, targets, real = completion_rows(model, batch)
+        mask = batch["loss_mask"]
+        per_row = mask / mask.sum(-1, keepdim=True).clamp(min=1.0) if cfg.normalisation == "sequence" else mask
+        flat = {k: batch[k][real] for k in ("old_logprobs", "rollout_logprobs", "ref_logprobs") if k in batch}
+        scale, adv = per_row[real], batch["advantages"][:, None].expand_as(real)[real]
+        from_forward = bool(batch.get("old_from_forward"))
+        if from_forward:
+            self._old_logprobs(batch, None)  # the version check only
+
+        def objective(x: torch.Tensor, rows: slice) -> torch.Tensor:
+            old = x.detach() if from_forward else flat["old_logprobs"][rows]
+            ref = flat["ref_logprobs"][rows, None] if "ref_logprobs" in flat else None
+            terms = policy_terms(x[:, None], old[:, None], flat["rollout_logprobs"][rows, None], adv[rows],
+                                 torch.ones_like(x[:, None]), cfg, ref)
+            return terms.per_token[:, 0] * scale[rows]
+
+        total, logp, entropy = fused_token_objective(hidden, model.lm_head.weight, targets, self.temperature,
+                                                     objective, cfg.chunk_size)
+        logp, entropy = unflatten(logp, real), unflatten(entropy, real)
+        with torch.no_grad():  # the (N, C) terms again, for the logged statistics only
+            terms = policy_terms(logp, logp if from_forward else batch["old_logprobs"], batch["rollout_logprobs"],
+                                 batch["advantages"], mask, cfg, batch.get("ref_logprobs"))
+        return LossOutput(total, self._statistics(batch, entropy, terms, total))
+
+    def _old_logprobs(self, batch: dict, logp: torch.Tensor) -> torch.Tensor:
+        """pi_old: this very forward when the batch trains on the weights that sampled it (`old_from_forward`),
+        else the log-probs the batch source scored before the policy moved."""
+        if not batch.get("old_from_forward"):
+            return batch["old_logprobs"]
+        lag = self.step - batch["weight_version"]
+        if bool((lag != 0).any()):
+            raise RuntimeError(f"a batch flagged old_from_forward lags the policy by {int(lag.max())} steps: its "
+                               f"training forward is not pi_old")
+        return logp.detach() if logp is not None else None
 
     def loss_units(self, batch: dict) -> float:
         return loss_units(batch["loss_mask"], self.loss_cfg.normalisation, self.constant_length)

@@ -24,6 +24,21 @@ def _acc(t: torch.Tensor) -> torch.dtype:
     return torch.promote_types(t.dtype, torch.float32)
 
 
+def tempered_chunk(h: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, inv_temp: float):
+    """One chunk's head: (e = exp(z - max) (c, V), s = sum e, logp_y, entropy, lse) with z = h W^T / T in fp32.
+    Shared by both GRPO heads so that they give the same bits for the same rows (pi_old scored by one, the
+    training forward by the other, must agree exactly when the weights are the same)."""
+    z = (h @ weight.t()).to(_acc(h)).mul_(inv_temp)  # (c, V)
+    peak = z.amax(dim=-1, keepdim=True)
+    z.sub_(peak)
+    e = z.exp()  # (c, V), the second buffer
+    s = e.sum(dim=-1)
+    log_s = s.log()
+    logp = z.gather(1, y[:, None]).squeeze(1) - log_s
+    entropy = log_s - torch.linalg.vecdot(e, z) / s
+    return e, s, logp, entropy, log_s + peak.squeeze(1)
+
+
 class _TemperedTokenLogprob(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, targets, inv_temp: float, chunk: int):
@@ -34,12 +49,8 @@ class _TemperedTokenLogprob(torch.autograd.Function):
         entropy = torch.empty(n, dtype=acc, device=hidden.device)
         for lo in range(0, n, chunk):
             hi = min(lo + chunk, n)
-            z = (hidden[lo:hi] @ weight.t()).to(acc).mul_(inv_temp)  # (c, V)
-            chunk_lse = torch.logsumexp(z, dim=-1)
-            target = z.gather(1, targets[lo:hi, None]).squeeze(1)
-            p = (z - chunk_lse[:, None]).exp_()  # (c, V) softmax
-            entropy[lo:hi] = chunk_lse - torch.linalg.vecdot(p, z)
-            lse[lo:hi], logp[lo:hi] = chunk_lse, target - chunk_lse
+            _, _, logp[lo:hi], entropy[lo:hi], lse[lo:hi] = tempered_chunk(hidden[lo:hi], weight, targets[lo:hi],
+                                                                           inv_temp)
         ctx.save_for_backward(hidden, weight, targets, lse)
         ctx.inv_temp, ctx.chunk = inv_temp, chunk
         ctx.mark_non_differentiable(entropy)
@@ -93,14 +104,21 @@ def completion_positions(batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
     return flat[mask], mask
 
 
+def completion_rows(model, batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(hidden rows (N, D) that predict the real completion tokens, those tokens (N,), the (B, C) bool mask)."""
+    hidden = model.forward_hidden(batch["input_ids"])  # (B, T, D); right padding: causal attention is exact
+    rows, mask = completion_positions(batch)
+    return hidden.flatten(0, 1).index_select(0, rows), batch["completion_ids"][mask], mask
+
+
+def unflatten(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Flat per-token values in mask order -> (B, C) with zeros outside the mask (differentiable)."""
+    return torch.zeros(mask.shape, dtype=values.dtype, device=values.device).masked_scatter(mask, values)
+
+
 def completion_logprobs(model, batch: dict, temperature: float, chunk_size: int = 1024,
                         ) -> tuple[torch.Tensor, torch.Tensor]:
     """(logp, entropy), each (B, C) fp32 with zeros outside `completion_mask`, for an align causal LM."""
-    hidden = model.forward_hidden(batch["input_ids"])  # (B, T, D); right padding: causal attention is exact
-    rows, mask = completion_positions(batch)
-    flat_hidden = hidden.flatten(0, 1).index_select(0, rows)  # (N, D)
-    targets = batch["completion_ids"][mask]
-    logp, ent = tempered_token_logprobs(flat_hidden, model.lm_head.weight, targets, temperature, chunk_size)
-    out_logp = torch.zeros(mask.shape, dtype=logp.dtype, device=logp.device).masked_scatter(mask, logp)
-    out_ent = torch.zeros(mask.shape, dtype=ent.dtype, device=ent.device).masked_scatter(mask, ent)
-    return out_logp, out_ent
+    hidden, targets, mask = completion_rows(model, batch)
+    logp, ent = tempered_token_logprobs(hidden, model.lm_head.weight, targets, temperature, chunk_size)
+    return unflatten(logp, mask), unflatten(ent, mask)

@@ -8,7 +8,8 @@ A GRPO micro-batch is a dict of CPU tensors (docs/CONTRACTS.md "Data" style), N 
     loss_mask         (N, C) float32 completion_mask, zeroed where the loss must not look (a masked truncation)
     rollout_logprobs  (N, C) float32 the sampler's log-probs (behaviour policy, at the sampling temperature)
     old_logprobs      (N, C) float32 the training model's log-probs at the rollout's weights (== rollout_logprobs
-                                     when the stage does not recompute them)
+                                     when the stage does not recompute them; unused when old_from_forward)
+    old_from_forward  bool (optional) the batch trains on the weights that sampled it: pi_old is its own forward
     ref_logprobs      (N, C) float32 reference model log-probs (only when the loss has a KL term)
     advantages        (N,)   float32
     rewards, correct, truncated (N,) float32   the reward, 1/0 outcome, 1/0 cut at max_new_tokens

@@ -44,7 +44,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 def reference_scorer(start: Path, cfg: GrpoStageConfig):
     """Log-probs under the frozen start weights (only built when a KL term needs them)."""
-    ref = load_checkpoint(start, device=device()).eval().requires_grad_(False)
+    ref = load_checkpoint(start, dtype=DTYPES[cfg.data.model_dtype], device=device()).eval().requires_grad_(False)
 
     @torch.no_grad()
     def scorer(batch: dict) -> torch.Tensor:
@@ -68,7 +68,7 @@ def main() -> int:
     heldout = ShardSet.open(runs / cfg.data.eval, kind="prompts", tokenizer_hash=tok.content_hash)
     client = make_rollout_client(cfg.rollout, load_checkpoint(start, dtype=DTYPES[cfg.data.engine_dtype],
                                                                device=device()))
-    module = GrpoTrainModule(load_checkpoint(start, device=device()),
+    module = GrpoTrainModule(load_checkpoint(start, dtype=DTYPES[cfg.data.model_dtype], device=device()),
                              TrainModuleConfig(cfg.optimizer, cfg.scheduler, cfg.parallel), cfg.loss,
                              cfg.shape.temperature, cfg.shape.max_new_tokens, cfg.train.max_steps, seed=cfg.run.seed,
                              client=client, health=GrpoHealth(cfg.health))
@@ -84,7 +84,7 @@ def main() -> int:
     held = PromptSet.from_shards(heldout)
     task = EvalTask(held.ids, held.gold, decode, lambda text, gold: score(text, gold).reward == 1.0, tok.eos_id)
     rows = range(min(cfg.data.eval_rows or len(heldout), len(heldout)))
-    before = evaluate(client, task, rows, cfg.shape.max_new_tokens)
+    before = evaluate(client, task, rows, cfg.data.eval_max_new_tokens)
     n_params = sum(p.numel() for p in module.model.parameters())
     callbacks = [SpeedMonitor(n_params), HealthCallback(module.health),
                  Canary(cfg.canary, client, task, cfg.shape.max_new_tokens, cfg.run.seed),
@@ -93,7 +93,7 @@ def main() -> int:
     code = trainer.fit()
     if code != 0:
         return code
-    after = evaluate(client, task, rows, cfg.shape.max_new_tokens)
+    after = evaluate(client, task, rows, cfg.data.eval_max_new_tokens)
     if is_rank0():
         metrics = {"heldout_rows": len(rows), "start_accuracy": before["pass@1"], "accuracy": after["pass@1"],
                    "accuracy_gain": after["pass@1"] - before["pass@1"], "start_stop_rate": before["stop_rate"],

@@ -27,9 +27,11 @@ def test_a_rollout_becomes_minibatch_windows_of_micro_batches():
     assert set(w1[0]["stats"]) == set(w2[0]["stats"]) == set(STAT_KEYS)
     assert w1[0]["stats"]["rollout/groups_generated"] == 4 and w2[0]["stats"]["rollout/groups_generated"] == 0
     assert "stats" not in w1[1]
-    for mb in w1 + w2:  # the trainer's recomputed pi_old agrees with the sampler's log-probs (same fp32 weights)
+    assert all(mb.get("old_from_forward") for mb in w1) and not any("old_from_forward" in mb for mb in w2)
+    for mb in w2:  # the trainer's recomputed pi_old agrees with the sampler's log-probs (same fp32 weights)
         m = mb["completion_mask"]
         assert torch.allclose(mb["old_logprobs"] * m, mb["rollout_logprobs"] * m, atol=1e-4)
+        assert bool((mb["old_logprobs"] * m != mb["rollout_logprobs"] * m).any())  # scored, not copied
     batch_adv = torch.cat([mb["advantages"] for mb in w1 + w2])
     batch_rows = torch.cat([mb["prompt_row"] for mb in w1 + w2])
     for row in batch_rows.unique():  # each group's advantages are centred

@@ -3,6 +3,7 @@ and (through the Trainer) a policy that learns the parity task and resumes bit-e
 
 import math
 
+import pytest
 import torch
 
 from align.rl.grpo_loss import GrpoLossConfig
@@ -28,7 +29,8 @@ def test_rho_correction_recovers_exact_advantage_when_logprobs_match():
     module, _, window = first_window(GrpoLossConfig(rho_cap=2.0, rho_mask_low=0.5, rho_mask_high=2.0),
                                      temperature=0.8)
     batch = dict(window[0])
-    batch["rollout_logprobs"] = batch["old_logprobs"].clone()
+    assert batch["old_from_forward"]  # pi_old of the first window is its own training forward
+    batch["rollout_logprobs"] = module.score(batch) * batch["completion_mask"]  # a sampler that matches exactly
     out = module.loss(module.model, batch)
     assert out.sums["rho_abs_log_sum"] == 0 and out.sums["rho_capped"] == 0 and out.sums["rho_outliers"] == 0
     assert out.sums["ratio_sum"] == out.sums["loss_tokens"]  # every ratio exactly 1 (training forward == scoring)
@@ -38,7 +40,14 @@ def test_rho_correction_recovers_exact_advantage_when_logprobs_match():
     logp, _ = completion_logprobs(module.model, batch, 0.8)
     (-(batch["advantages"][:, None] * logp * batch["loss_mask"]).sum() / batch["loss_mask"].sum()).backward()
     for g, p in zip(got, module.model.parameters()):
-        assert torch.allclose(g, p.grad, rtol=1e-5, atol=1e-8)
+        assert torch.allclose(g, p.grad, rtol=1e-5, atol=1e-6)
+
+
+def test_old_from_forward_is_refused_once_the_policy_has_moved():
+    module, _, window = first_window()
+    module.step = 1  # as if an optimizer step had been taken since the rollout
+    with pytest.raises(RuntimeError, match="lags the policy by 1"):
+        module.loss(module.model, window[0])
 
 
 def test_weights_reach_the_sampler_after_each_applied_step():
@@ -92,3 +101,28 @@ def test_interrupted_run_resumes_bit_exactly(tmp_path):
     resumed = run(tmp_path, 5, "split")
     for (name, a), (_, b) in zip(whole.model.named_parameters(), resumed.model.named_parameters()):
         assert torch.equal(a, b), name
+
+
+@pytest.mark.parametrize("loss", [GrpoLossConfig(), GrpoLossConfig(normalisation="sequence", kl_beta=0.05),
+                                  GrpoLossConfig(rho_cap=1.05, rho_mask_low=0.99, rho_mask_high=1.01)])
+def test_fused_head_equals_the_recomputing_head(loss):
+    """Gradients formed in forward (3 head GEMMs) equal the recompute-in-backward path (4), value and gradient."""
+    import dataclasses
+
+    results = []
+    for fused in (True, False):
+        module, _, window = first_window(dataclasses.replace(loss, fused=fused, chunk_size=7), temperature=0.9)
+        batch = dict(window[0])
+        batch.pop("old_from_forward")  # pi_old given: ratios differ from 1, and rho varies around 1
+        noise = torch.randn(batch["rollout_logprobs"].shape, generator=torch.Generator().manual_seed(0))
+        batch["old_logprobs"] = batch["rollout_logprobs"] + 0.02 * noise * batch["completion_mask"]
+        batch["ref_logprobs"] = batch["rollout_logprobs"] - 0.1
+        out = module.loss(module.model, batch)
+        out.loss.backward()
+        results.append((out, {n: p.grad.clone() for n, p in module.model.named_parameters()}))
+    (fused_out, fused_grads), (plain_out, plain_grads) = results
+    assert fused_out.loss.item() == pytest.approx(plain_out.loss.item(), rel=1e-6, abs=1e-6)
+    for key in ("entropy_sum", "ratio_sum", "rho_outliers", "kl_sum", "clip_high"):
+        assert fused_out.sums[key].item() == pytest.approx(plain_out.sums[key].item(), rel=1e-5, abs=1e-5), key
+    for name, g in fused_grads.items():
+        assert torch.allclose(g, plain_grads[name], rtol=1e-4, atol=1e-6), name

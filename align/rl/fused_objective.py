@@ -1,0 +1,88 @@
+"""A per-token objective through the LM head with its gradient formed during forward: three head GEMMs per step
+instead of four, and nothing saved for backward but the two gradients.
+
+When every token's loss depends on that token's own log-prob only, l_i = f_i(logp_i) (the token-level clipped
+surrogate, the train/infer weight, k3: align.rl.grpo_loss with ratio_level "token"), d loss / d logp_i = f_i'(logp_i)
+is known as soon as logp_i is, inside the chunk that computed it. So, per chunk of rows (the Liger approach, as
+align.kernels.fused_ce does for plain CE):
+
+    z = h W^T / T (fp32),  z' = z - max,  e = exp(z'),  s = sum e            one (c, V) GEMM, two (c, V) buffers
+    logp_y = z'_y - log s,  H = log s - sum(e z') / s                       (align.rl.token_logprobs.tempered_chunk,
+                                                                             shared with the unfused head)
+    l_i, g_i = f_i(logp_i), f_i'(logp_i)                                     autograd on a (c,) vector: the loss
+                                                                             formulas stay in grpo_loss, once
+    dz = g (onehot(y) - e / s) / T   (in place in e)
+    grad_h = dz W,  grad_W += dz^T h                                          two GEMMs
+Backward only scales the stored gradients by the incoming scalar (the TrainModule's 1 / global units).
+
+The GSPO sequence-level ratio couples every token of a sequence, so f_i is not per-token there: that variant uses
+align.rl.token_logprobs (logits recomputed in backward) instead."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from align.rl.token_logprobs import tempered_chunk
+
+Objective = Callable[[torch.Tensor, slice], torch.Tensor]  # (logp (c,), rows) -> per-token loss (c,), differentiable
+
+
+class _FusedObjective(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, inv_temp: float, chunk: int, objective: Objective):
+        # shape: hidden (N, D), weight (V, D), targets (N,) -> loss (), logp (N,), entropy (N,)
+        n, acc = hidden.shape[0], torch.promote_types(hidden.dtype, torch.float32)
+        want_h, want_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        grad_h = torch.zeros_like(hidden) if want_h else None
+        grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if want_w else None
+        logp = torch.empty(n, dtype=acc, device=hidden.device)
+        entropy = torch.empty(n, dtype=acc, device=hidden.device)
+        total = torch.zeros((), dtype=acc, device=hidden.device)
+        for lo in range(0, n, chunk):
+            hi = min(lo + chunk, n)
+            h, y = hidden[lo:hi], targets[lo:hi]
+            e, s, lp, entropy[lo:hi], _ = tempered_chunk(h, weight, y, inv_temp)  # e: (c, V)
+            logp[lo:hi] = lp
+            with torch.enable_grad():
+                x = lp.detach().requires_grad_(True)
+                values = objective(x, slice(lo, hi))
+                (g,) = torch.autograd.grad(values.sum(), x)
+            total += values.detach().sum()
+            if grad_h is None and grad_w is None:
+                continue
+            # e becomes d loss / d z in place: g * (onehot(y) - softmax) / T
+            e.mul_((-g / s)[:, None])
+            e[torch.arange(hi - lo, device=e.device), y] += g
+            e.mul_(inv_temp)
+            if grad_h is not None:
+                grad_h[lo:hi] = (e.to(hidden.dtype) @ weight)  # (c, D)
+            if grad_w is not None:
+                grad_w.addmm_(e.t(), h.to(acc))  # (V, D), fp32 accumulation across chunks
+        ctx.save_for_backward(grad_h, grad_w)
+        ctx.weight_dtype = weight.dtype
+        ctx.mark_non_differentiable(logp, entropy)
+        return total, logp, entropy
+
+    @staticmethod
+    def backward(ctx, grad_total, _grad_logp, _grad_entropy):
+        grad_h, grad_w = ctx.saved_tensors
+        gh = grad_h * grad_total.to(grad_h.dtype) if grad_h is not None else None
+        gw = (grad_w * grad_total).to(ctx.weight_dtype) if grad_w is not None else None
+        return gh, gw, None, None, None, None
+
+
+def fused_token_objective(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float,
+                          objective: Objective, chunk_size: int = 1024,
+                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(sum_i objective_i(logp_i) differentiable in hidden and weight, logp (N,), entropy (N,)) where logp_i is
+    log softmax(hidden W^T / temperature)[targets_i]; `objective(logp_chunk, rows)` returns that chunk's per-token
+    losses and must depend on each token's own log-prob only."""
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0 for log-probs of sampled tokens, got {temperature}")
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    if targets.numel() and (int(targets.min()) < 0 or int(targets.max()) >= weight.shape[0]):
+        raise ValueError(f"targets must lie in [0, {weight.shape[0]})")
+    return _FusedObjective.apply(hidden, weight, targets, 1.0 / float(temperature), int(chunk_size), objective)

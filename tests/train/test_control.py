@@ -26,11 +26,12 @@ def signal_at(micro: int, sig=signal.SIGTERM):
 def test_signal_stops_at_the_boundary_with_a_checkpoint_and_resumes_exactly(tmp_path, sig):
     full = build_sft(tmp_path / "full", max_steps=6, checkpoint_every=4)
     full.fit()
+    before = signal.getsignal(sig)  # SIG_IGN for SIGINT when pytest itself runs in a background job
     cut = build_sft(tmp_path / "cut", max_steps=6, checkpoint_every=4, fault=signal_at(6, sig))  # step 3, 2nd micro
     assert cut.fit() == 128 + sig
     assert cut.step == 3 and ckpt_io.latest_checkpoint(tmp_path / "cut" / "checkpoints").name == "step_3"
     assert read_halt_marker(tmp_path / "cut") is None  # a signal is not a verdict: the supervisor may relaunch
-    assert signal.getsignal(sig) in (signal.SIG_DFL, signal.default_int_handler)  # handlers restored
+    assert signal.getsignal(sig) == before  # handlers restored
     resumed = build_sft(tmp_path / "cut", max_steps=6, checkpoint_every=4)
     assert resumed.fit() == 0
     assert_bitwise_equal(weights(full.module), weights(resumed.module))

@@ -24,7 +24,7 @@ from typing import Callable
 
 import torch
 
-from align.rl.token_logprobs import tempered_chunk
+from align.rl.token_logprobs import check_head_inputs, tempered_chunk
 
 Objective = Callable[[torch.Tensor, slice], torch.Tensor]  # (logp (c,), rows) -> per-token loss (c,), differentiable
 
@@ -79,10 +79,5 @@ def fused_token_objective(hidden: torch.Tensor, weight: torch.Tensor, targets: t
     """(sum_i objective_i(logp_i) differentiable in hidden and weight, logp (N,), entropy (N,)) where logp_i is
     log softmax(hidden W^T / temperature)[targets_i]; `objective(logp_chunk, rows)` returns that chunk's per-token
     losses and must depend on each token's own log-prob only."""
-    if not temperature > 0:
-        raise ValueError(f"temperature must be > 0 for log-probs of sampled tokens, got {temperature}")
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-    if targets.numel() and (int(targets.min()) < 0 or int(targets.max()) >= weight.shape[0]):
-        raise ValueError(f"targets must lie in [0, {weight.shape[0]})")
+    check_head_inputs(weight, targets, temperature, chunk_size)
     return _FusedObjective.apply(hidden, weight, targets, 1.0 / float(temperature), int(chunk_size), objective)

@@ -80,16 +80,20 @@ class _TemperedTokenLogprob(torch.autograd.Function):
         return grad_h, grad_w, None, None, None
 
 
-def tempered_token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float,
-                            chunk_size: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
-    """(logp, entropy) of `targets` under softmax(hidden W^T / temperature); hidden (N, D), targets (N,).
-    logp is differentiable in hidden and weight; entropy is detached."""
+def check_head_inputs(weight: torch.Tensor, targets: torch.Tensor, temperature: float, chunk_size: int) -> None:
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0 for log-probs of sampled tokens, got {temperature}")
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     if targets.numel() and (int(targets.min()) < 0 or int(targets.max()) >= weight.shape[0]):
         raise ValueError(f"targets must lie in [0, {weight.shape[0]})")
+
+
+def tempered_token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float,
+                            chunk_size: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logp, entropy) of `targets` under softmax(hidden W^T / temperature); hidden (N, D), targets (N,).
+    logp is differentiable in hidden and weight; entropy is detached."""
+    check_head_inputs(weight, targets, temperature, chunk_size)
     return _TemperedTokenLogprob.apply(hidden, weight, targets, 1.0 / float(temperature), int(chunk_size))
 
 

@@ -1,7 +1,7 @@
 """The canary: verifier-judged accuracy of the live policy on a fixed prompt set, through the sampler itself.
 
 `evaluate` decodes each prompt greedily (pass@1) and, when asked, draws n samples at a temperature for the unbiased
-pass@k (Chen et al. 2021: 1 - C(n - c, k) / C(n, k) per prompt, c correct of n); it also reports the stop rate
+pass@k (align.eval.metrics.pass_at_k); it also reports the stop rate
 (completions that ended with EOS rather than at the token limit). With several ranks each rank takes rows
 r, r + W, ... and the counts are summed, so every rank returns the same numbers.
 
@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from align.eval.metrics import pass_at_k
 from align.inference.config import SamplingParams
 from align.inference.sequence import derive_seed
 from align.rollout.protocol import RolloutRequest
@@ -40,13 +41,6 @@ class CanaryConfig:
             raise ValueError("CanaryConfig: every >= 0, rows >= 1 and pass_k >= 0 required")
         if self.pass_k and self.pass_n < self.pass_k:
             raise ValueError(f"CanaryConfig: pass_n ({self.pass_n}) must be >= pass_k ({self.pass_k})")
-
-
-def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k of one prompt with c correct among n samples."""
-    if n - c < k:
-        return 1.0
-    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
 @dataclass(frozen=True)

@@ -49,7 +49,13 @@ def test_reward_collapse_trips_and_the_latch_survives_resume():
 def test_baseline_column_and_disarming():
     h = GrpoHealth(HealthConfig(armed=()))
     m = {**HEALTHY, "reward_mean": 0.5, "entropy": 0.0, "ratio_mean": 9.0}
-    assert [h.observe(dict(m)) for _ in range(5)] == [None] * 5
-    assert math.isnan(m.get("health/reward_baseline", math.nan))
+    assert [h.observe(m) for _ in range(5)] == [None] * 5
+    assert math.isnan(m["health/reward_baseline"])  # the column is always there; disarmed, no baseline forms
+    armed = GrpoHealth(HealthConfig(collapse_min_history=2))
+    for r in (0.4, 0.6):
+        armed.observe({**HEALTHY, "reward_mean": r})
+    m = {**HEALTHY, "reward_mean": 0.5}
+    armed.observe(m)
+    assert m["health/reward_baseline"] == 0.5
     with pytest.raises(ValueError, match="unknown tripwire"):
         HealthConfig(armed=("vibes",))

@@ -20,7 +20,9 @@ from align.inference.config import SamplingParams
 @dataclass(frozen=True)
 class GenerationRequest:
     """One prompt to continue. `seed` fixes the sampled tokens whatever else is in the batch (None: the engine
-    derives one from its own seed and the request's position in the `generate` call)."""
+    derives one from its config seed, how many `generate` calls it has run and the request's position in this one,
+    so an unseeded rerun of the same call samples afresh). Nothing stops a sequence implicitly: put the tokenizer's
+    EOS in `params.stop_token_ids`."""
 
     prompt_ids: tuple[int, ...] | list[int]
     params: SamplingParams = SamplingParams()

@@ -39,10 +39,10 @@ def test_crash_after_progress_each_time_stops_at_the_retry_budget(shards, tmp_pa
 
 @pytest.mark.distributed
 def test_hang_after_the_first_step_ends_at_the_short_collective_timeout(shards, tmp_path):
-    # Rank 1 stalls 5 s in step 1 (start-up: the 1800 s timeout applies, the run goes on) and 10 s in step 3 (the
-    # timeout is 3 s by then: rank 0's collective gives up). Without the shortening the run would finish.
-    job = Job(tmp_path, shards, world=2, faults="delay:5@micro,step=1,rank=1;delay:10@micro,step=3,rank=1",
-              overrides=("train.pg_timeout_after_first_step_s=3", "train.checkpoint_every=0"),
+    # Rank 1 stalls 6 s in step 1 (start-up: the 1800 s timeout applies, the run goes on) and 12 s in step 3 (the
+    # timeout is 4 s by then: rank 0's collective gives up). Without the shortening the run would finish.
+    job = Job(tmp_path, shards, world=2, faults="delay:6@micro,step=1,rank=1;delay:12@micro,step=3,rank=1",
+              overrides=("train.pg_timeout_after_first_step_s=4", "train.checkpoint_every=0"),
               env_extra={"ALIGN_PG_TIMEOUT_S": "1800"})
     code = job.supervised(retries=2)
     log = job.log.read_text()

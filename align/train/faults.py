@@ -31,6 +31,7 @@ import os
 import signal
 import sys
 import time
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -123,7 +124,7 @@ def _is_seconds(text: str) -> bool:
 
 _plan: tuple[Fault, ...] | None = None  # parsed on the first hook call; () when unarmed
 _nan_now = False  # the nan hook's switch, set per micro-batch by at_micro
-_hooked: set[int] = set()  # ids of models carrying the nan hook
+_hooked: weakref.WeakSet = weakref.WeakSet()  # models carrying the nan hook (an id could be reused)
 
 
 def armed() -> tuple[Fault, ...]:
@@ -197,10 +198,10 @@ def _act(fault: Fault) -> None:
 def _hook_nan(model: nn.Module) -> None:
     """NaN out the first embedding's output while the switch is on: the loss, the logits and every gradient of
     that micro-batch become non-finite the way an overflow makes them, through the real forward and backward."""
-    if id(model) in _hooked:
+    if model in _hooked:
         return
     embedding = next((m for m in model.modules() if isinstance(m, nn.Embedding)), None)
     if embedding is None:
         raise ConfigError(f"{FAULTS_ENV}: nan needs an nn.Embedding in {type(model).__name__}")
     embedding.register_forward_hook(lambda _mod, _inp, out: out * float("nan") if _nan_now else None)
-    _hooked.add(id(model))
+    _hooked.add(model)

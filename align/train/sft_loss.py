@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from align.kernels.fused_ce import IGNORE_INDEX, fused_linear_cross_entropy, reference_linear_cross_entropy
+from align.kernels.fused_ce import IGNORE_INDEX, CEWorkspace, fused_linear_cross_entropy, reference_linear_cross_entropy
 from align.train.train_module import LossOutput
 
 
@@ -47,8 +47,9 @@ def count_loss_tokens(batch: dict) -> int:
     return int((batch["labels"][:, 1:] != IGNORE_INDEX).sum())
 
 
-def sft_loss(model: nn.Module, batch: dict, cfg: SftLossConfig) -> LossOutput:
-    """Summed next-token CE (+ z-loss) of `model` on `batch`; `sums` carries ce, z, entropy and token count."""
+def sft_loss(model: nn.Module, batch: dict, cfg: SftLossConfig, workspace: CEWorkspace | None = None) -> LossOutput:
+    """Summed next-token CE (+ z-loss) of `model` on `batch`; `sums` carries ce, z, entropy and token counts.
+    `workspace`: the fused head's reusable buffers (kept by the TrainModule across micro-batches)."""
     hidden = model.forward_hidden(batch["input_ids"], batch.get("attention_mask"), batch.get("position_ids"))
     targets = shift_labels(batch["labels"])  # shape: (B, T), aligned with hidden
     weight = model.lm_head.weight
@@ -56,7 +57,7 @@ def sft_loss(model: nn.Module, batch: dict, cfg: SftLossConfig) -> LossOutput:
     inputs = float(mask.sum()) if mask is not None else float(batch["input_ids"].numel())
     if cfg.fused:
         out = fused_linear_cross_entropy(hidden, weight, targets, z_loss_weight=cfg.z_loss_weight,
-                                         chunk_size=cfg.chunk_size)
+                                         chunk_size=cfg.chunk_size, workspace=workspace)
         loss, tokens = out.loss, float(out.tokens)
         sums = {"ce_sum": out.ce_sum, "z_sum": out.z_sum, "entropy_sum": out.entropy_sum}
     else:

@@ -128,3 +128,17 @@ def test_peak_memory_is_bounded_by_the_chunk_not_the_token_count():
     fused, full = _peak_mib("fused"), _peak_mib("full")
     assert full > 256, full
     assert fused < 0.25 * full, (fused, full)
+
+
+def test_workspace_is_reused_across_calls_and_changes_nothing():
+    from align.kernels.fused_ce import CEWorkspace
+
+    h, w, y = _case(n=200, v=500)
+    ws = CEWorkspace()
+    first = _grads(lambda: fused_linear_cross_entropy(h, w, y, chunk_size=64, workspace=ws).loss, h, w)
+    ptr = ws.get("logits", 64, 500, h.device).data_ptr()
+    second = _grads(lambda: fused_linear_cross_entropy(h, w, y, chunk_size=64, workspace=ws).loss, h, w)
+    plain = _grads(lambda: fused_linear_cross_entropy(h, w, y, chunk_size=64).loss, h, w)
+    assert ws.get("logits", 64, 500, h.device).data_ptr() == ptr
+    for a, b, c in zip(first, second, plain):
+        assert torch.equal(a, b) and torch.equal(a, c)

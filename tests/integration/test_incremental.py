@@ -9,7 +9,11 @@ edit reruns exactly the stages that depend on it.
                                                  checkpoint rung, cache and eval (the other sources' ingest/shards,
                                                  whose bytes did not change, stay)
 
-Slow tier: a full smoke ladder plus three partial rebuilds (~10-20 minutes on 2 shared cores)."""
+A rerun must really redo the work: each rerun training stage trains from step 1 (not a resume of the previous run's
+final checkpoint), and the DPO policy trained with the new beta differs from the old one.
+
+Slow tier: a full smoke ladder plus three partial rebuilds (7 minutes on 2 shared cores at load ~13, with
+OMP_WAIT_POLICY=PASSIVE)."""
 
 from __future__ import annotations
 
@@ -19,12 +23,25 @@ import re
 import pyarrow.parquet as pq
 import pytest
 
+from align.model.checkpoint import checkpoint_content_hash
 from ladder_project import doit, make_project
 
 pytestmark = pytest.mark.slow
 
 RUNGS = ["sft_checkpoint", "ref_cache", "dpo_checkpoint", "grpo_checkpoint"]
 EVALS = ["golden_eval:sft", "golden_eval:dpo", "golden_eval:grpo"]
+
+
+def retrained(root, stage: str) -> bool:
+    """Whether the stage's last launch trained from step 1 (a rerun must not resume the previous run's checkpoints:
+    its inputs or code changed, so they are stale)."""
+    log = (root / "runs/smoke" / stage / "worker.log").read_text()
+    last = log[log.rindex("supervisor: attempt 1:"):]
+    return re.search(r"step 1/\d+", last) is not None
+
+
+def content_hash(root, stage: str) -> str:
+    return checkpoint_content_hash(root / "runs/smoke" / stage / "final")
 
 
 @pytest.fixture(scope="module")
@@ -47,6 +64,7 @@ def test_a_parquet_touch_reruns_nothing(built):
 
 
 def test_a_dpo_beta_edit_reruns_dpo_grpo_and_their_evals(built):
+    before = content_hash(built, "dpo_checkpoint")
     cfg = built / "configs/smoke/dpo.toml"
     text = cfg.read_text()
     beta = re.search(r"^beta = (\S+)", text, re.M)
@@ -54,6 +72,8 @@ def test_a_dpo_beta_edit_reruns_dpo_grpo_and_their_evals(built):
     res = doit(built)
     assert res.returncode == 0, res.output[-4000:]
     assert sorted(res.ran) == sorted(["dpo_checkpoint", "grpo_checkpoint", "golden_eval:dpo", "golden_eval:grpo"])
+    assert retrained(built, "dpo_checkpoint") and retrained(built, "grpo_checkpoint")
+    assert content_hash(built, "dpo_checkpoint") != before  # the new beta really trained a new policy
 
 
 def test_a_grpo_loss_code_edit_reruns_grpo_and_its_eval(built):
@@ -62,6 +82,7 @@ def test_a_grpo_loss_code_edit_reruns_grpo_and_its_eval(built):
     res = doit(built)
     assert res.returncode == 0, res.output[-4000:]
     assert sorted(res.ran) == ["golden_eval:grpo", "grpo_checkpoint"]
+    assert retrained(built, "grpo_checkpoint")
 
 
 def test_a_parquet_content_change_reruns_everything_downstream(built):
@@ -73,3 +94,4 @@ def test_a_parquet_content_change_reruns_everything_downstream(built):
     res = doit(built)
     assert res.returncode == 0, res.output[-4000:]
     assert sorted(res.ran) == sorted(["ingest:math_sft", "shards:sft", *RUNGS, *EVALS])
+    assert all(retrained(built, stage) for stage in ("sft_checkpoint", "dpo_checkpoint", "grpo_checkpoint"))

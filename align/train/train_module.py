@@ -25,6 +25,7 @@ all-reduced quantity (grad_norm.global_grad_norm), so it is identical on every r
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -160,19 +161,26 @@ class TrainModule:
                 out[name] = t.detach().to("cpu", copy=True)
         return out
 
-    def load_model_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        """Copy full weights into the (possibly sharded) model; every rank passes the same full tensors. A tied
-        parameter is filled from whichever of its names the state holds (HF files omit a tied lm_head)."""
+    def load_model_state_dict(self, state: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy full weights into the (possibly sharded) model; every rank passes the same full tensors, as a dict or
+        as (name, tensor) pairs streamed one at a time (a 7B resume then never holds more than one full tensor).
+        A tied parameter is filled from whichever of its names arrives (HF files omit a tied lm_head)."""
         own = self.model.state_dict(keep_vars=True)
-        aliases: dict[int, list[str]] = {}
+        leader: dict[str, str] = {}  # every name -> the first name of its parameter
+        by_id: dict[int, str] = {}
         for name, t in own.items():
-            aliases.setdefault(id(t), []).append(name)
+            leader[name] = by_id.setdefault(id(t), name)
+        filled: set[str] = set()
         with torch.no_grad():
-            for names in aliases.values():
-                src_name = next((n for n in names if n in state), None)
-                if src_name is None:
-                    raise KeyError(f"checkpoint weights lack {names[0]}")
-                _copy_full_into(own[names[0]], state[src_name], names[0])
+            for name, tensor in (state.items() if isinstance(state, Mapping) else state):
+                if name not in leader:
+                    raise KeyError(f"checkpoint weight {name!r} is not a parameter of {type(self.model).__name__}")
+                if leader[name] not in filled:
+                    _copy_full_into(own[leader[name]], tensor, name)
+                    filled.add(leader[name])
+        missing = sorted(set(by_id.values()) - filled)
+        if missing:
+            raise KeyError(f"checkpoint weights lack {missing[:3]} ({len(missing)} parameters)")
 
 
 def _copy_full_into(target: torch.Tensor, src: torch.Tensor, name: str) -> None:

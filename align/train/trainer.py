@@ -259,10 +259,11 @@ class Trainer:
         return Path(broadcast_object(str(path) if path else None))
 
 
-def _read_weights(model_dir: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
+def _read_weights(model_dir: Path):
+    """(name, tensor) pairs of an HF checkpoint, read one tensor at a time."""
+    from safetensors import safe_open
 
-    out: dict[str, torch.Tensor] = {}
     for path in sorted(set(weight_map(model_dir).values())):
-        out.update(load_file(str(path)))
-    return out
+        with safe_open(str(path), framework="pt") as f:
+            for key in f.keys():
+                yield key, f.get_tensor(key)

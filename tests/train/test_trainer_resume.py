@@ -130,3 +130,20 @@ def test_base_module_refuses_unexpected_extra_state(tmp_path):
     t = build_sft(tmp_path, max_steps=1)
     with pytest.raises(ValueError, match="no extra state"):
         t.module.load_extra_state({"x": 1})
+
+
+def test_weight_loading_streams_pairs_fills_tied_aliases_and_names_problems(tmp_path):
+    from train_helpers import tiny_model
+
+    src = tiny_model(seed=3, tie_word_embeddings=True)
+    t = build_sft(tmp_path, max_steps=1)
+    tied = build_sft(tmp_path / "tied", max_steps=1)
+    tied.module.model = tiny_model(seed=0, tie_word_embeddings=True)
+    pairs = ((k, v) for k, v in src.state_dict().items() if k != "lm_head.weight")  # as an HF file holds them
+    tied.module.load_model_state_dict(pairs)
+    assert_bitwise_equal(src.state_dict(), tied.module.model.state_dict())
+    assert tied.module.model.lm_head.weight is tied.module.model.model.embed_tokens.weight
+    with pytest.raises(KeyError, match="lack"):
+        t.module.load_model_state_dict({"model.norm.weight": torch.ones(32)})
+    with pytest.raises(KeyError, match="not a parameter"):
+        t.module.load_model_state_dict({"bogus.weight": torch.ones(1)})

@@ -48,7 +48,7 @@ def report_task(project: Project, profile: str, runnable: Sequence[dict]) -> dic
     return {
         "basename": REPORT,
         "doc": "one page of the ladder: accuracy per rung, loss/reward curves -> runs/<profile>/report/",
-        "actions": [(render, [layout])],
+        "actions": [(_action, [layout])],
         "file_dep": [str(p) for p in receipts],
         "targets": [str(layout.runs / REPORT / "report.txt")],
         "uptodate": [config_changed({"matplotlib": _matplotlib_available()})],
@@ -170,6 +170,10 @@ def render(layout: Layout) -> list[Path]:
     atomic_write_text(out_dir / "report.txt", text)  # last: the task's target
     print(text, end="")
     return [*written, out_dir / "report.txt"]
+
+
+def _action(layout: Layout) -> None:
+    render(layout)  # doit's python-action contract: return None (or a dict), not render's list of paths
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -52,3 +52,12 @@ def test_html_report_is_self_contained(layout):
     page = (layout.runs / "report" / "report.html").read_text()
     assert written[0].name == "report.html" and page.count("data:image/png;base64,") == 2  # sft curves + accuracy
     assert "<td>grpo</td><td>0.420</td>" in page and "src='http" not in page
+
+
+def test_the_report_action_keeps_doits_contract(layout, monkeypatch):
+    monkeypatch.setattr(report, "_matplotlib_available", lambda: False)
+    spec = report.report_task(layout.project, layout.profile, [])
+    func, args = spec["actions"][0]
+    assert func(*args) is None  # doit fails a python-action that returns anything but None/True/str/dict
+    assert spec["targets"] == [str(layout.runs / "report" / "report.txt")]
+    assert (layout.runs / "report" / "report.txt").is_file()

@@ -53,13 +53,14 @@ class _FusedObjective(torch.autograd.Function):
             if grad_h is None and grad_w is None:
                 continue
             # e becomes d loss / d z in place: g * (onehot(y) - softmax) / T
+            g = g * inv_temp  # chain rule through z = h W^T / T, folded into the per-row factors
             e.mul_((-g / s)[:, None])
             e[torch.arange(hi - lo, device=e.device), y] += g
-            e.mul_(inv_temp)
+            dz = e.to(hidden.dtype)  # low-precision operands for low-precision inputs (one cast, two GEMMs)
             if grad_h is not None:
-                grad_h[lo:hi] = (e.to(hidden.dtype) @ weight)  # (c, D)
-            if grad_w is not None:
-                grad_w.addmm_(e.t(), h.to(acc))  # (V, D), fp32 accumulation across chunks
+                grad_h[lo:hi] = dz @ weight  # (c, D)
+            if grad_w is not None:  # (V, D), summed across chunks in fp32
+                grad_w.add_(dz.t() @ h) if h.dtype != acc else grad_w.addmm_(dz.t(), h)
         ctx.save_for_backward(grad_h, grad_w)
         ctx.weight_dtype = weight.dtype
         ctx.mark_non_differentiable(logp, entropy)

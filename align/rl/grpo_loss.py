@@ -58,6 +58,7 @@ class GrpoLossConfig:
     rho_mask_low: float | None = None  # tokens (sequences at sequence level) with rho below this get weight 0
     rho_mask_high: float | None = None  # ... or above this
     chunk_size: int = 1024  # completion tokens per logits chunk in the head
+    head_dtype: Literal["float32", "bfloat16"] = "float32"  # the LM head's GEMM operands (logits stay fp32)
     fused: bool = True  # token-level ratio: gradients formed in forward (align.rl.fused_objective, 3 head GEMMs
     # instead of 4); false, or ratio_level "sequence": logits recomputed in backward (align.rl.token_logprobs)
 

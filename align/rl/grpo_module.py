@@ -26,7 +26,7 @@ from torch import nn
 from align.rl.assembly import check_layout
 from align.rl.grpo_loss import GrpoLossConfig, clip_fractions, loss_sum, loss_units, policy_terms
 from align.rl.fused_objective import fused_token_objective
-from align.rl.token_logprobs import completion_logprobs, completion_rows, unflatten
+from align.rl.token_logprobs import completion_logprobs, completion_rows, head_inputs, unflatten
 from align.rl.tripwires import GrpoHealth
 from align.train.train_module import LossOutput, TrainModule, TrainModuleConfig
 
@@ -45,6 +45,7 @@ class GrpoTrainModule(TrainModule):
         policy, e.g. a scoring-only reference). `constant_length`: L of the "constant" normalisation."""
         self.loss_cfg, self.temperature = loss_cfg, temperature
         self.constant_length = loss_cfg.constant_length or constant_length
+        self.head_dtype = torch.bfloat16 if loss_cfg.head_dtype == "bfloat16" else None
         super().__init__(model, cfg, total_steps, seed)
         self.client = client
         self.health = health if health is not None else GrpoHealth()
@@ -53,13 +54,14 @@ class GrpoTrainModule(TrainModule):
     def loss(self, model: nn.Module, batch: dict) -> LossOutput:
         if batch.get("score_only"):
             with torch.no_grad():
-                logp, _ = completion_logprobs(model, batch, self.temperature, self.loss_cfg.chunk_size)
+                logp, _ = completion_logprobs(model, batch, self.temperature, self.loss_cfg.chunk_size,
+                                              self.head_dtype)
             return LossOutput(logp.new_zeros(()), {"logprobs": logp})
         check_layout(batch)
         cfg = self.loss_cfg
         if cfg.fused and cfg.ratio_level == "token":
             return self._fused_loss(model, batch)
-        logp, entropy = completion_logprobs(model, batch, self.temperature, cfg.chunk_size)  # (N, C) each
+        logp, entropy = completion_logprobs(model, batch, self.temperature, cfg.chunk_size, self.head_dtype)
         mask = batch["loss_mask"]
         terms = policy_terms(logp, self._old_logprobs(batch, logp), batch["rollout_logprobs"], batch["advantages"],
                              mask, cfg, batch.get("ref_logprobs"))
@@ -86,8 +88,9 @@ class GrpoTrainModule(TrainModule):
                                  torch.ones_like(x[:, None]), cfg, ref)
             return terms.per_token[:, 0] * scale[rows]
 
-        total, logp, entropy = fused_token_objective(hidden, model.lm_head.weight, targets, self.temperature,
-                                                     objective, cfg.chunk_size)
+        hidden, weight = head_inputs(hidden, model.lm_head.weight, self.head_dtype)
+        total, logp, entropy = fused_token_objective(hidden, weight, targets, self.temperature, objective,
+                                                     cfg.chunk_size)
         logp, entropy = unflatten(logp, real), unflatten(entropy, real)
         with torch.no_grad():  # the (N, C) terms again, for the logged statistics only
             terms = policy_terms(logp, logp if from_forward else batch["old_logprobs"], batch["rollout_logprobs"],

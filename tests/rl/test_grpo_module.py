@@ -126,3 +126,18 @@ def test_fused_head_equals_the_recomputing_head(loss):
         assert fused_out.sums[key].item() == pytest.approx(plain_out.sums[key].item(), rel=1e-5, abs=1e-5), key
     for name, g in fused_grads.items():
         assert torch.allclose(g, plain_grads[name], rtol=1e-4, atol=1e-6), name
+
+
+def test_bf16_head_stays_close_to_the_fp32_head():
+    """head_dtype bf16 (CPU speed option): the GEMMs round their operands to bf16, the softmax stays fp32."""
+    results = []
+    for head in ("float32", "bfloat16"):
+        module, _, window = first_window(GrpoLossConfig(head_dtype=head))
+        batch = dict(window[0])
+        out = module.loss(module.model, batch)
+        out.loss.backward()
+        grad = torch.cat([p.grad.flatten() for p in module.model.parameters()])
+        results.append((out.loss.item(), out.sums["entropy_sum"].item(), grad))
+    (l32, e32, g32), (l16, e16, g16) = results
+    assert l16 == pytest.approx(l32, rel=2e-2, abs=2e-2) and e16 == pytest.approx(e32, rel=1e-2)
+    assert torch.nn.functional.cosine_similarity(g32, g16, dim=0) > 0.99

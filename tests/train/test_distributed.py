@@ -25,7 +25,8 @@ TIMEOUT_S = 300  # far below the 1800 s process-group timeout: a hang fails the 
 
 
 def launch(modes: str, out: Path, *extra: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    # NOTE: CPU + gloo even on a GPU host (two ranks on one GPU would ask for cuda:1); CUDA runs are the gpu tier
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), CUDA_VISIBLE_DEVICES="")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(WORKER),
            modes, str(out), *extra]
     return subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S)

@@ -109,7 +109,7 @@ def test_two_rank_torchrun_stage_matches_one_rank(runs, tmp_path):
 
     assert run_sft(runs, tmp_path / "one", "loader.grad_accum=4", "train.max_steps=2") == 0
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), ALIGN_RUNS_DIR=str(runs),
-               ALIGN_RUN_DIR=str(tmp_path / "two"))
+               ALIGN_RUN_DIR=str(tmp_path / "two"), CUDA_VISIBLE_DEVICES="")  # gloo on CPU on any host
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m",
            "align.stages.sft", "--config", str(ROOT / "configs/smoke/sft.toml"), *SMALL, "loader.grad_accum=2",
            "train.max_steps=2"]

@@ -9,6 +9,7 @@ CUDA, the NCCL flight-recorder dump under `<run_dir>/nccl_trace/`) instead of ho
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import os
 from pathlib import Path
@@ -87,6 +88,9 @@ def init_distributed(run_dir: str | os.PathLike | None = None, timeout_s: float 
             _arm_flight_recorder(Path(run_dir))
     timeout = datetime.timedelta(seconds=timeout_s if timeout_s is not None else pg_timeout_s())
     dist.init_process_group(backend=backend, timeout=timeout)
+    # NOTE: a gloo group left alive at interpreter exit can abort the process ("terminate called without an active
+    # exception", exit -6) while its threads are torn down; every exit path, a coordinated stop included, ends here.
+    atexit.register(destroy)
     return True
 
 

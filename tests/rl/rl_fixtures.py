@@ -22,6 +22,7 @@ from align.rl.rewards import CompositeReward, RewardConfig
 from align.rl.stage_config import DynamicSamplingConfig, RolloutShape
 from align.rollout import RolloutConfig, make_rollout_client
 from align.train.optim import OptimizerConfig
+from align.train.parallel import ParallelConfig
 from align.train.schedulers import SchedulerConfig
 from align.train.train_module import TrainModuleConfig
 
@@ -61,17 +62,21 @@ def make_client(model):
                                copy.deepcopy(model))
 
 
-def make_module(model, client, lr=3e-2, steps=10, loss=GrpoLossConfig(), temperature=1.0, seed=0):
-    cfg = TrainModuleConfig(optimizer=OptimizerConfig(lr=lr), scheduler=SchedulerConfig(name="constant"))
+def make_module(model, client, lr=3e-2, steps=10, loss=GrpoLossConfig(), temperature=1.0, seed=0,
+                parallel=ParallelConfig()):
+    cfg = TrainModuleConfig(optimizer=OptimizerConfig(lr=lr), scheduler=SchedulerConfig(name="constant"),
+                            parallel=parallel)
     return GrpoTrainModule(model, cfg, loss, temperature, constant_length=6, total_steps=steps, seed=seed,
                            client=client)
 
 
 def make_source(module, client, prompts=None, shape=None, dynamic=DynamicSamplingConfig(enabled=False),
-                reward=RewardConfig(), curriculum=CurriculumConfig(), seed=0, verifier=parity_verifier):
+                reward=RewardConfig(), curriculum=CurriculumConfig(), seed=0, verifier=parity_verifier,
+                world_size=1, rank=0):
     prompts = prompts or parity_prompts()
     shape = shape or RolloutShape(prompts=4, samples=4, max_new_tokens=6, num_minibatches=2, micro_batch_size=3)
     return GrpoBatchSource(prompts, client, decode, CompositeReward(reward, shape.max_new_tokens, verifier),
-                           PromptCurriculum(prompts.groups, curriculum, seed), shape, dynamic, AdvantageConfig(),
-                           seed=seed, eos_id=EOS, policy_version=lambda: module.version,
-                           old_scorer=module.score if shape.old_logprobs == "recompute" else None)
+                           PromptCurriculum(prompts.groups, curriculum, seed, rank, world_size), shape, dynamic,
+                           AdvantageConfig(), seed=seed, eos_id=EOS, policy_version=lambda: module.version,
+                           old_scorer=module.score if shape.old_logprobs == "recompute" else None,
+                           world_size=world_size)

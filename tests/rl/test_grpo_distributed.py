@@ -1,0 +1,33 @@
+"""Two gloo ranks (CPU) run GRPO on the parity task under DDP and FSDP2: every rank samples its own half of the
+prompts with its own sampler, the weights pushed after each step reach both samplers whole (FSDP2: gathered from
+the shards, a collective), and the versions agree with the steps. Worker: dist_grpo_worker.py."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.distributed
+ROOT = Path(__file__).resolve().parents[2]
+WORKER = Path(__file__).parent / "dist_grpo_worker.py"
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_two_ranks_push_whole_weights_to_both_samplers(tmp_path, strategy):
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), CUDA_VISIBLE_DEVICES="")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(WORKER),
+           strategy, str(tmp_path)]
+    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r0, r1 = (torch.load(tmp_path / f"{strategy}_rank{r}.pt", weights_only=True) for r in range(2))
+    assert r0["code"] == r1["code"] == 0
+    assert r0["version"] == r1["version"] == r0["step"] == 3
+    assert set(r0["sampled"]).isdisjoint(r1["sampled"])  # each rank its own prompts
+    for name, w in r0["weights"].items():  # the trained weights, whole, in both samplers
+        assert torch.equal(r0["engine"][name], w) and torch.equal(r1["engine"][name], w), name
+    assert len(r0["rewards"]) == 3

@@ -12,7 +12,7 @@ edit reruns exactly the stages that depend on it.
 A rerun must really redo the work: each rerun training stage trains from step 1 (not a resume of the previous run's
 final checkpoint), and the DPO policy trained with the new beta differs from the old one.
 
-Slow tier: a full smoke ladder plus three partial rebuilds (7 minutes on 2 shared cores at load ~13, with
+Slow tier: a full smoke ladder plus three partial rebuilds (4-7 minutes on 2 shared cores at load 6-13, with
 OMP_WAIT_POLICY=PASSIVE)."""
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ Pure functions: the same groups, advantages and seed give the same windows, bit 
 
 Several optimizer steps per rollout ("minibatches", seed 003 2.7): the rollout's rows are put in a seeded order
 (mixing prompts across steps), cut into `num_minibatches` equal windows, and each window into micro-batches of
-`micro_batch_size` rows after sorting it by length (less padding). With one window the policy ratio is exactly 1 at
+`micro_batch_size` rows after sorting it by length (less padding); with `epochs` > 1 the whole rollout is passed
+over again in a fresh order (TRL's num_iterations, PPO's epochs). With one window the policy ratio is exactly 1 at
 the first and only step and the PPO clip never binds; with several, steps 2.. train on data from older weights and
 the clip does its job."""
 
@@ -65,18 +66,31 @@ def select_rows(batch: dict, rows: torch.Tensor) -> dict:
     return out
 
 
-def split_windows(batch: dict, num_minibatches: int, micro_batch_size: int, seed: int) -> list[list[dict]]:
-    """`num_minibatches` windows (optimizer steps), each a list of micro-batches, from one rollout's batch."""
-    n = batch["input_ids"].shape[0]
+def plan_windows(lengths: torch.Tensor, num_minibatches: int, micro_batch_size: int, seed: int,
+                 epochs: int = 1) -> list[list[torch.Tensor]]:
+    """Row indices of `epochs x num_minibatches` windows (optimizer steps), each a list of micro-batches: every
+    epoch a fresh seeded order of all rows, cut into equal minibatches, each sorted by length (less padding)."""
+    n = lengths.shape[0]
     if n % num_minibatches:
-        raise ValueError(f"split_windows: {n} rows do not split into {num_minibatches} equal minibatches")
-    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
-    lengths = batch["completion_start"] + batch["completion_mask"].sum(1).long()
+        raise ValueError(f"plan_windows: {n} rows do not split into {num_minibatches} equal minibatches")
     windows = []
-    for part in order.chunk(num_minibatches):
-        part = part[torch.sort(lengths[part], descending=True, stable=True).indices]
-        windows.append([select_rows(batch, mb) for mb in part.split(micro_batch_size)])
+    for epoch in range(epochs):
+        order = torch.randperm(n, generator=torch.Generator().manual_seed(derive_seed(seed, epoch)))
+        for part in order.chunk(num_minibatches):
+            part = part[torch.sort(lengths[part], descending=True, stable=True).indices]
+            windows.append(list(part.split(micro_batch_size)))
     return windows
+
+
+def row_lengths(batch: dict) -> torch.Tensor:
+    return batch["completion_start"] + batch["completion_mask"].sum(1).long()
+
+
+def split_windows(batch: dict, num_minibatches: int, micro_batch_size: int, seed: int,
+                  epochs: int = 1) -> list[list[dict]]:
+    """The planned windows' micro-batches (see plan_windows)."""
+    plan = plan_windows(row_lengths(batch), num_minibatches, micro_batch_size, seed, epochs)
+    return [[select_rows(batch, rows) for rows in window] for window in plan]
 
 
 def window_seed(seed: int, rollout: int) -> int:

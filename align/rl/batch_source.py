@@ -13,7 +13,7 @@ Per rollout (this rank's share: P / world_size prompts x G samples):
        (align.rl.advantages); `num_minibatches` windows (align.rl.assembly)
     5. `old_logprobs = "recompute"`: the training model's log-probs at the rollout's weights (the exact pi_old of
        the ratio, and rho's numerator): the first window's come from its own training forward (flag
-       `old_from_forward`), the later windows' from a no-grad pass now
+       `old_from_forward`); every row that trains later (later minibatches, later epochs) is scored once, now
 A window whose rollout is staler than `max_staleness` optimizer steps when it comes up is trained
 (`on_stale = "correct"`: the ratio and rho account for it) or dropped with the rest of its rollout ("refuse").
 
@@ -32,7 +32,7 @@ from align.exceptions import DataError
 from align.inference.config import SamplingParams
 from align.inference.sequence import derive_seed
 from align.rl.advantages import AdvantageConfig, group_advantages, zero_variance
-from align.rl.assembly import assemble, select_rows, split_windows, window_seed
+from align.rl.assembly import assemble, plan_windows, row_lengths, select_rows, window_seed
 from align.rl.curriculum import PromptCurriculum
 from align.rl.rewards import CompositeReward
 from align.rl.stage_config import DynamicSamplingConfig, RolloutShape
@@ -111,10 +111,18 @@ class GrpoBatchSource:
         rewards = torch.tensor([g.totals for g in groups], dtype=torch.float64)
         batch["rewards"] = rewards.reshape(-1).float()
         batch["advantages"] = group_advantages(rewards, self.advantage).reshape(-1).float()
-        windows = split_windows(batch, self.shape.num_minibatches, self.shape.micro_batch_size,
-                                window_seed(self.seed, self.rollouts))
+        shape = self.shape
+        plan = plan_windows(row_lengths(batch), shape.num_minibatches, shape.micro_batch_size,
+                            window_seed(self.seed, self.rollouts), shape.epochs)
+        if self.old_scorer is not None:  # every row that trains after the first step: scored now, once
+            later = torch.cat([rows for window in plan[1:] for rows in window]).unique() if len(plan) > 1 else None
+            if later is not None:
+                batch["old_logprobs"][later] = self._score(select_rows(batch, later), self.old_scorer,
+                                                           batch["old_logprobs"].shape[1])
+        windows = [[select_rows(batch, rows) for rows in window] for window in plan]
         if self.old_scorer is not None:
-            self._score_old(windows)
+            for mb in windows[0]:  # trains on exactly the weights that sampled it: pi_old is its own forward
+                mb["old_from_forward"] = True
         score_s = time.perf_counter() - t1
         stats = {**counts, "rollout/gen_s": gen_s, "rollout/score_s": score_s, "rollout/refused_windows":
                  float(self.refused), "rollout/ranks": 1.0}
@@ -172,27 +180,15 @@ class GrpoBatchSource:
         return [Group(row, tuple(by_row[row])) for row in rows]
 
     # ------------------------------------------------------------------------------------------------ scoring
-    def _score(self, batch: dict, scorer: Scorer) -> torch.Tensor:
-        """(N, C) log-probs of the whole rollout, scored in micro-batches (longest first, little padding)."""
-        out = torch.zeros_like(batch["rollout_logprobs"])
-        lengths = batch["completion_start"] + batch["completion_mask"].sum(1).long()
-        order = torch.sort(lengths, descending=True, stable=True).indices
+    def _score(self, batch: dict, scorer: Scorer, width: int | None = None) -> torch.Tensor:
+        """(N, width) log-probs of a batch's rows, scored in micro-batches (longest first, little padding)."""
+        out = torch.zeros(batch["completion_ids"].shape[0], width or batch["completion_ids"].shape[1])
+        order = torch.sort(row_lengths(batch), descending=True, stable=True).indices
         for rows in order.split(self.shape.micro_batch_size):
             part = select_rows(batch, rows)
             scored = scorer(part).float().cpu()
             out[rows, :scored.shape[1]] = scored * part["completion_mask"]
         return out
-
-    def _score_old(self, windows: list[list[dict]]) -> None:
-        """pi_old for every row. The first window trains on exactly the weights that sampled it, so its training
-        forward IS the training model's log-prob at the rollout's weights: it is flagged `old_from_forward` and
-        costs no extra pass. Later windows are scored now, before the policy moves."""
-        for j, window in enumerate(windows):
-            for mb in window:
-                if j == 0:
-                    mb["old_from_forward"] = True
-                else:
-                    mb["old_logprobs"] = self.old_scorer(mb).float().cpu() * mb["completion_mask"]
 
     def _shape_with_kl(self, groups: list[Group], batch: dict) -> list[Group]:
         """Rewards after KL shaping: seq_kl = sum_t (rollout - ref) over the completion, per sample (the sampler's

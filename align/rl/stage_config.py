@@ -30,17 +30,18 @@ class RolloutShape:
     temperature: float = 1.0  # sampling temperature; training log-probs use the same (top-k / top-p are refused:
     # the trainer cannot replay a truncated support, seed 003 2.7)
     max_new_tokens: int = 64
-    num_minibatches: int = 1  # optimizer steps per rollout; > 1 makes the clip bind
+    num_minibatches: int = 1  # optimizer steps per pass over a rollout; > 1 makes the clip bind
+    epochs: int = 1  # passes over each rollout (TRL num_iterations); optimizer steps = epochs x num_minibatches
     micro_batch_size: int = 16  # sequences per forward / backward
     old_logprobs: Literal["recompute", "rollout"] = "recompute"  # recompute: the training model scores the rollout
     # at its weights (exact rho); rollout: trust the sampler's log-probs as pi_old (rho == 1 by construction)
-    max_staleness: int | None = None  # optimizer steps a rollout may lag the policy; None: num_minibatches - 1
+    max_staleness: int | None = None  # optimizer steps a rollout may lag the policy; None: steps_per_rollout - 1
     on_stale: Literal["correct", "refuse"] = "refuse"  # a staler window: trained (ratio and rho correct it) or dropped
     truncated: Literal["mask", "keep"] = "mask"  # a completion cut at max_new_tokens: out of the loss, or kept
 
     def __post_init__(self):
         problems = []
-        for name in ("prompts", "samples", "max_new_tokens", "num_minibatches", "micro_batch_size"):
+        for name in ("prompts", "samples", "max_new_tokens", "num_minibatches", "epochs", "micro_batch_size"):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
         if not self.temperature > 0:
@@ -53,8 +54,12 @@ class RolloutShape:
             raise ValueError("RolloutShape: " + "; ".join(problems))
 
     @property
+    def steps_per_rollout(self) -> int:
+        return self.epochs * self.num_minibatches
+
+    @property
     def staleness_bound(self) -> int:
-        return self.num_minibatches - 1 if self.max_staleness is None else self.max_staleness
+        return self.steps_per_rollout - 1 if self.max_staleness is None else self.max_staleness
 
     def check_world(self, world_size: int) -> int:
         """Prompts per rank; refuses a shape that does not split evenly (every rank must take the same steps)."""

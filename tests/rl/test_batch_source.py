@@ -106,3 +106,20 @@ def test_state_dict_resumes_the_same_windows():
             for k in ma:
                 if torch.is_tensor(ma[k]):
                     assert torch.equal(ma[k], mb[k]), k
+
+
+def test_epochs_pass_over_the_rollout_again_in_a_fresh_order():
+    shape = RolloutShape(prompts=4, samples=4, max_new_tokens=6, num_minibatches=2, epochs=2, micro_batch_size=8)
+    module, client, source = setup(shape=shape)
+    it = iter(source)
+    windows = [next(it) for _ in range(4)]
+    keys = [tuple(sorted(zip(mb["prompt_row"].tolist(), mb["completion_ids"][:, 0].tolist())))
+            for w in windows for mb in w]
+    assert sorted(keys[0] + keys[1]) == sorted(keys[2] + keys[3])  # the same 16 samples, twice
+    assert keys[0] != keys[2]  # in another order
+    assert windows[3][0]["stats"]["rollout/groups_generated"] == 0  # no new rollout yet
+    for w in windows[1:]:  # everything after the first step carries a scored pi_old
+        m = w[0]["completion_mask"]
+        assert "old_from_forward" not in w[0]
+        assert torch.allclose(w[0]["old_logprobs"] * m, w[0]["rollout_logprobs"] * m, atol=1e-4)
+    assert shape.staleness_bound == 3

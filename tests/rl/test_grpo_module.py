@@ -89,9 +89,9 @@ def run(tmp_path, steps, name="run", stop_at=None):
 def test_the_policy_learns_the_parity_reward(tmp_path):
     from align.utils.tracking import read_history
 
-    run(tmp_path, 14)
+    run(tmp_path, 20)
     rewards = [r["reward_mean"] for r in read_history(tmp_path / "run" / "history.jsonl")]
-    assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 + 0.25, rewards
+    assert sum(rewards[-4:]) / 4 > sum(rewards[:4]) / 4 + 0.2, rewards  # from ~0.5 (chance) towards 1
     assert all(math.isfinite(r) for r in rewards)
 
 

@@ -26,6 +26,9 @@ TWO_RANKS = textwrap.dedent("""
            "timeout_s": backend.options._timeout.total_seconds()}
     D.set_pg_timeout(30)
     out["shortened_s"] = backend.options._timeout.total_seconds()
+    # NOTE: a live reference to the gloo backend outlives destroy_process_group, and its C++ threads are then torn
+    # down during interpreter finalisation, which aborts the process now and then ("terminate called ...", -6).
+    del backend
     D.barrier()
     open(os.path.join(sys.argv[1], f"rank{r}.json"), "w").write(json.dumps(out))
     D.destroy()

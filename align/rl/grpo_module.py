@@ -15,6 +15,14 @@ Scoring for the batch source (`score`): the same log-prob path without gradient,
 FSDP2 unshards what it must; it gives pi_old (the training model at the rollout's weights) and, for a reference
 module, the reference's log-probs.
 
+Empty steps: a window with nothing to learn from (no loss token: every completion truncated and masked; or every
+advantage 0 and no KL term: every group had zero reward variance after dynamic sampling's retries) is an explicit
+empty step: no optimizer update, no schedule tick, no weight push; the history row says `empty_step` 1 and why
+(`empty/no_loss_tokens`, `empty/zero_advantage`), and its loss is 0 (the objective of an empty set), not NaN.
+`optim_step` returns True for it, so the Trainer does NOT count it toward the non-finite skip cap: a rollout whose
+prompts are all solved or all hopeless is a fact about the data, not a fault (the Trainer's `applied` column reads
+1 there; `empty_step` is the truth about the update). A non-finite window is never empty: it stays a fault.
+
 Health: `self.health` (align.rl.tripwires.GrpoHealth) keeps the tripwires' windows and latches; they are this
 module's extra state, so a resumed run remembers a collapsing reward."""
 
@@ -28,9 +36,13 @@ from align.rl.grpo_loss import GrpoLossConfig, clip_fractions, loss_sum, loss_un
 from align.rl.fused_objective import fused_token_objective
 from align.rl.token_logprobs import completion_logprobs, completion_rows, head_inputs, unflatten
 from align.rl.tripwires import GrpoHealth
-from align.train.train_module import LossOutput, TrainModule, TrainModuleConfig
+from align.train.grad_norm import global_grad_norm
+from align.train.schedulers import lr_multiplier
+from align.train.train_module import AccumInfo, LossOutput, StepMetrics, TrainModule, TrainModuleConfig
+from align.utils.dist import all_reduce_sum
 
 RATIO_KEYS = ("ratio_sum", "clip_low", "clip_high", "rho_abs_log_sum", "rho_capped", "rho_outliers")
+EMPTY_REASONS = ("no_loss_tokens", "zero_advantage")
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:
@@ -49,6 +61,8 @@ class GrpoTrainModule(TrainModule):
         super().__init__(model, cfg, total_steps, seed)
         self.client = client
         self.health = health if health is not None else GrpoHealth()
+        self.empty_reason: str | None = None  # why the latest boundary was an empty step (None: it was not)
+        self._window_units, self._window_signal = 0.0, 0.0
 
     # ------------------------------------------------------------------------------------------------ the seam
     def loss(self, model: nn.Module, batch: dict) -> LossOutput:
@@ -152,7 +166,12 @@ class GrpoTrainModule(TrainModule):
                "rho_capped_frac": div("rho_capped", "completion_tokens"),
                "rho_outlier_frac": div("rho_outliers", "completion_tokens"),
                "kl": div("kl_sum", "loss_tokens"), "staleness": div("staleness_sum", "seqs"),
-               "input_tokens": sums.get("input_tokens", 0.0), "sequences": sums.get("seqs", 0.0)}
+               "input_tokens": sums.get("input_tokens", 0.0), "sequences": sums.get("seqs", 0.0),
+               "empty_step": float(self.empty_reason is not None)}
+        for reason in EMPTY_REASONS:
+            out[f"empty/{reason}"] = float(self.empty_reason == reason)
+        if self.empty_reason is not None:
+            out["loss"] = 0.0  # the objective of an empty set (units may be 0: the division would give NaN)
         ranks = sums.get("rollout/ranks") or 1.0
         for key, value in sums.items():
             if key.startswith("rollout/") and key != "rollout/ranks":
@@ -172,12 +191,43 @@ class GrpoTrainModule(TrainModule):
     def version(self) -> int:
         return self.step
 
-    # ------------------------------------------------------------------------------------------------ weights
+    # ------------------------------------------------------------------------------------------------ the step
+    def train_batch(self, batch: dict, accum: AccumInfo) -> StepMetrics:
+        out = super().train_batch(batch, accum)
+        self._window_units = accum.global_units  # already summed over the window and every rank
+        self._window_signal += float((batch["advantages"].abs()[:, None] * batch["loss_mask"]).sum())
+        return out
+
+    def _empty(self) -> str | None:
+        """Why this window is an empty step (None: it is not); the same answer on every rank (one all-reduce)."""
+        signal, bad = all_reduce_sum([self._window_signal, float(bool(self._window_bad))]).tolist()
+        if bad:
+            return None  # a non-finite window is a fault: the base class skips it and the Trainer counts it
+        if self._window_units == 0:
+            return "no_loss_tokens"
+        if signal == 0 and self.loss_cfg.kl_beta == 0:  # with a KL term the window still pulls towards the ref
+            return "zero_advantage"
+        return None
+
     def optim_step(self) -> bool:
-        applied = super().optim_step()
-        if applied:
-            self.push_weights()
-        return applied
+        self.empty_reason = self._empty()
+        if self.empty_reason is None:
+            applied = super().optim_step()
+            if applied:
+                self.push_weights()
+            return applied
+        # NOTE: no optimizer.step(): AdamW would still move the weights on momentum (and weight decay) with a zero
+        # gradient, and the schedule and the policy version would tick for a step that learned nothing.
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        mult = lr_multiplier(self.cfg.scheduler, self.step, self.total_steps)
+        self.last = {"grad_norm": global_grad_norm(params), "lr": self.cfg.optimizer.lr * mult, "clip_coef": 1.0}
+        return True
+
+    def zero_grads(self) -> None:
+        super().zero_grads()
+        self._window_units, self._window_signal = 0.0, 0.0
+
+    # ------------------------------------------------------------------------------------------------ weights
 
     def push_weights(self) -> None:
         """Collective under FSDP2 (every rank gathers every tensor); every rank's sampler gets the full weights."""

@@ -36,6 +36,7 @@ from align.tokenizer import TokenizerConfig
 from align.train.callbacks import ProgressLine, SpeedMonitor
 from align.train.dpo_loss import DpoLossConfig
 from align.train.dpo_module import DpoTrainModule, preference_eval
+from align.train.identity import run_identity
 from align.train.optim import OptimizerConfig
 from align.train.parallel import ParallelConfig
 from align.train.probes import ProbeConfig, Tripwires
@@ -162,7 +163,8 @@ def main() -> int:
     n_params = sum(p.numel() for p in model.parameters())
     tripwires = Tripwires(cfg.probes, list(module.model.parameters()), model.config.vocab_size)
     callbacks = [SpeedMonitor(n_params), tripwires, ProgressLine(cfg.train.max_steps, label="dpo")]
-    trainer = Trainer(cfg.train, module, loader, run_dir, callbacks)
+    inputs = {"reference": cache.key.reference, "pairs": shards.digest, "ref_cache": cache.key.digest()}
+    trainer = Trainer(cfg.train, module, loader, run_dir, callbacks, identity=run_identity(cfg, inputs))
     code = trainer.fit()
     if code != 0:
         return code
@@ -173,9 +175,7 @@ def main() -> int:
         print("dpo: held-out preference accuracy "
               f"SFT {metrics.get('sft_preference_accuracy', float('nan')):.3f} -> "
               f"DPO {metrics.get('dpo_preference_accuracy', float('nan')):.3f}")
-    trainer.publish_final(run_dir / "final", tokenizer_dir=tokenizer_dir_for(reference),  # collective
-                          inputs={"reference": cache.key.reference, "pairs": shards.digest,
-                                  "ref_cache": cache.key.digest()})
+    trainer.publish_final(run_dir / "final", tokenizer_dir=tokenizer_dir_for(reference), inputs=inputs)  # collective
     return 0
 
 

@@ -34,6 +34,7 @@ from align.rl.tripwires import GrpoHealth, HealthCallback
 from align.rollout import make_rollout_client
 from align.tokenizer import Tokenizer
 from align.train.callbacks import ProgressLine, SpeedMonitor
+from align.train.identity import run_identity
 from align.train.train_module import TrainModuleConfig
 from align.train.trainer import Trainer
 from align.utils.dist import device, init_distributed, is_rank0, rank, world_size
@@ -89,7 +90,8 @@ def main() -> int:
     callbacks = [SpeedMonitor(n_params), HealthCallback(module.health),
                  Canary(cfg.canary, client, task, cfg.shape.max_new_tokens, cfg.run.seed),
                  ProgressLine(cfg.train.max_steps, label="grpo")]
-    trainer = Trainer(cfg.train, module, source, run_dir, callbacks)
+    inputs = {"start": checkpoint_content_hash(start), "prompts": prompts.digest}
+    trainer = Trainer(cfg.train, module, source, run_dir, callbacks, identity=run_identity(cfg, inputs))
     code = trainer.fit()
     if code != 0:
         return code
@@ -102,8 +104,7 @@ def main() -> int:
         atomic_write_json(run_dir / "metrics.json", metrics)
         print(f"grpo: held-out greedy accuracy {before['pass@1']:.3f} -> {after['pass@1']:.3f}; reward "
               f"{metrics['reward_first']:.3f} -> {metrics['reward_last']:.3f}")
-    trainer.publish_final(run_dir / "final", tokenizer_dir=tokenizer_dir_for(start),  # collective
-                          inputs={"start": checkpoint_content_hash(start), "prompts": prompts.digest})
+    trainer.publish_final(run_dir / "final", tokenizer_dir=tokenizer_dir_for(start), inputs=inputs)  # collective
     return 0
 
 

@@ -29,6 +29,7 @@ from align.profile import CommonConfig
 from align.tokenizer import TokenizerConfig
 from align.tokenizer.tokenizer import resolve_tokenizer_dir
 from align.train.callbacks import ProgressLine, SpeedMonitor
+from align.train.identity import run_identity
 from align.train.optim import OptimizerConfig
 from align.train.parallel import ParallelConfig
 from align.train.probes import ProbeConfig, Tripwires
@@ -115,13 +116,13 @@ def main() -> int:
     callbacks = [SpeedMonitor(n_params, cfg.data.peak_flops_per_s or None),
                  Tripwires(cfg.probes, list(module.model.parameters()), model.config.vocab_size),
                  ProgressLine(cfg.train.max_steps, label="sft")]
-    trainer = Trainer(cfg.train, module, loader, run_dir, callbacks)
+    base = checkpoint_content_hash(cfg.model.base) if cfg.model.base else config_digest(cfg.model.init)
+    inputs = {"shards": shards.digest, "base": base}
+    trainer = Trainer(cfg.train, module, loader, run_dir, callbacks, identity=run_identity(cfg, inputs))
     code = trainer.fit()
     if code != 0:
         return code
-    base = checkpoint_content_hash(cfg.model.base) if cfg.model.base else config_digest(cfg.model.init)
-    trainer.publish_final(run_dir / "final", tokenizer_dir=tok_dir,  # collective: every rank calls it
-                          inputs={"shards": shards.digest, "base": base})
+    trainer.publish_final(run_dir / "final", tokenizer_dir=tok_dir, inputs=inputs)  # collective: every rank
     if is_rank0():
         print(f"sft: {write_metrics(run_dir)}", flush=True)
     return 0

@@ -6,7 +6,10 @@ read it back, and prune old ones. The Trainer decides when; this module knows th
         resume.pt             counters, per-rank RNG / loader / module extra state, callbacks' state, pins,
                               and (one rank) the TrainModule state (optimizer, schedule step)
         optimizer_rank<r>.pt  (several ranks) each rank's TrainModule state: no rank-0 gather of optimizer state
-        manifest.json         kind "train_checkpoint", {"step", "world_size"}; written last
+        manifest.json         kind "train_checkpoint", {"step", "world_size", "identity"}; written last
+
+`identity` (align.train.identity) names the run the checkpoint belongs to: a config or input change makes the
+Trainer set the old checkpoints aside (`supersede`) and start afresh instead of resuming them.
 
 `step_<N>` is published by renaming its staging directory: a reader sees the whole checkpoint or nothing. A
 directory whose manifest is missing, or whose files do not match the manifest's sizes (a truncated file), is not a
@@ -83,7 +86,7 @@ def latest_checkpoint(root: str | os.PathLike) -> Path | None:
 
 
 def save_checkpoint(root: str | os.PathLike, step: int, *, weights: dict[str, torch.Tensor], write_weights,
-                    resume: dict, module_state: dict) -> Path:
+                    resume: dict, module_state: dict, identity: dict | None = None) -> Path:
     """Collective: every rank calls it with its own `module_state`; rank 0 passes the full `weights` and the
     `resume` payload (other ranks may pass empty dicts). `write_weights(state, dir)` writes the HF directory."""
     final = step_dir(root, step)
@@ -103,7 +106,7 @@ def save_checkpoint(root: str | os.PathLike, step: int, *, weights: dict[str, to
         faults.at_save("save:staged", step)
         barrier()  # every rank's file is in staging before the manifest lists them
         if is_rank0():
-            write_manifest(staging, KIND, extra={"step": step, "world_size": world})
+            write_manifest(staging, KIND, extra={"step": step, "world_size": world, "identity": identity})
             faults.at_save("save:manifest", step)
             publish_dir(staging, final)
             faults.at_save("save:published", step)
@@ -113,6 +116,23 @@ def save_checkpoint(root: str | os.PathLike, step: int, *, weights: dict[str, to
         raise
     barrier()  # no rank moves on (or exits) before the checkpoint is published
     return final
+
+
+def checkpoint_identity(ckpt: Path) -> dict | None:
+    """The run identity recorded in a complete checkpoint's manifest (None: written before identities existed)."""
+    return read_manifest(ckpt, kind=KIND).get("identity")
+
+
+def supersede(root: str | os.PathLike) -> Path | None:
+    """Rank 0: move the checkpoints of a previous, different run aside to `<root>.superseded` (replacing an older
+    one there), so they are kept for inspection once and never resumed. Returns where they went."""
+    root = Path(root)
+    if not is_rank0() or not root.exists():
+        return None
+    aside = root.with_name(root.name + ".superseded")
+    shutil.rmtree(aside, ignore_errors=True)
+    os.replace(root, aside)
+    return aside
 
 
 def load_resume(ckpt: Path) -> dict:

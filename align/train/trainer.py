@@ -14,7 +14,9 @@ One optimizer-step boundary, on every rank, in this order (each collective is re
        signal -> exit 128 + signum; wall budget -> HALT.json + exit 82
 A stop is only ever taken here, so it never lands mid-accumulation or mid-save.
 
-Resume: the newest complete checkpoint under `<run_dir>/checkpoints/` restores weights, the TrainModule's state
+Resume: the newest complete checkpoint under `<run_dir>/checkpoints/` of the same run (the `identity` a stage passes,
+align.train.identity: config and input digests; checkpoints of another run are moved aside and training starts
+afresh) restores weights, the TrainModule's state
 (optimizer, schedule step), its extra state, the loader position, every rank's RNG streams, the step counters, the
 skip statistics, callbacks' state and pins. An uninterrupted run and one interrupted and resumed at any boundary
 end with bitwise-equal weights (same world size). A run interrupted mid-window resumes from the last checkpoint.
@@ -39,6 +41,7 @@ from align.train import checkpoint as ckpt_io
 from align.train import faults
 from align.train.callbacks import Callback
 from align.train.control import Flags, SkipTracker, StopSignals, agree, agreed_reason, halt_together
+from align.train.identity import identity_difference
 from align.train.rng import capture_rng_state, restore_rng_state
 from align.train.train_module import AccumInfo, TrainModule
 from align.utils.dist import all_gather_object, all_reduce_sum, broadcast_object, is_rank0, pg_timeout_s, rank, \
@@ -77,8 +80,9 @@ def _window(item) -> list[dict]:
 
 class Trainer:
     def __init__(self, config: TrainerConfig, module: TrainModule, loader, run_dir: str | os.PathLike,
-                 callbacks: list[Callback] = ()):
+                 callbacks: list[Callback] = (), identity: dict | None = None):
         self.cfg, self.module, self.loader = config, module, loader
+        self.identity = identity  # None: any checkpoint under run_dir is this run's (tests, ad-hoc loops)
         self.run_dir = Path(run_dir)
         self.ckpt_root = self.run_dir / "checkpoints"
         self.callbacks = list(callbacks)
@@ -212,7 +216,8 @@ class Trainer:
         resume = {"micro_step": self.micro_step, "ranks": ranks, "skips": self.skips.state_dict(),
                   "pinned": sorted(self.pinned)}
         path = ckpt_io.save_checkpoint(self.ckpt_root, self.step, weights=weights, write_weights=self._write_weights,
-                                       resume=resume, module_state=self.module.state_dict())
+                                       resume=resume, module_state=self.module.state_dict(),
+                                       identity=self.identity)
         self._last_saved_step = self.step
         self.checkpoints_written.append(path)
         ckpt_io.prune(self.ckpt_root, self.cfg.keep_last, self.pinned)
@@ -229,7 +234,7 @@ class Trainer:
 
     def resume(self) -> Path | None:
         """Restore everything from the newest complete checkpoint, if any (rank 0 chooses for all)."""
-        found = ckpt_io.latest_checkpoint(self.ckpt_root) if is_rank0() else None
+        found = self._own_latest_checkpoint() if is_rank0() else None
         found = broadcast_object(str(found) if found else None)
         if found is None:
             return None
@@ -250,6 +255,19 @@ class Trainer:
         self.resumed_from = ckpt
         self.checkpoints_written.append(ckpt)
         return ckpt
+
+    def _own_latest_checkpoint(self) -> Path | None:
+        """Rank 0: the newest complete checkpoint if it belongs to this run; else set them all aside (None)."""
+        found = ckpt_io.latest_checkpoint(self.ckpt_root)
+        if found is None or self.identity is None:
+            return found
+        why = identity_difference(ckpt_io.checkpoint_identity(found), self.identity)
+        if why is None:
+            return found
+        aside = ckpt_io.supersede(self.ckpt_root)
+        print(f"trainer: not resuming {found} ({why}); training afresh, old checkpoints moved to {aside}",
+              flush=True)
+        return None
 
     def publish_final(self, out_dir: str | os.PathLike, **kwargs) -> Path | None:
         """Collective: the trained weights as an HF checkpoint at `out_dir` (staged, manifest last); rank 0 writes.

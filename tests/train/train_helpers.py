@@ -71,7 +71,7 @@ def sft_windows(n_windows: int, accum: int, rows: int = 2, t: int = 16, vocab: i
 
 
 def build_sft(run_dir, *, max_steps=6, checkpoint_every=2, accum=2, optimizer="adamw", fault=None, callbacks=(),
-              model_seed=0, strategy="auto", loader=None, parallel=None, **train_overrides):
+              model_seed=0, strategy="auto", loader=None, parallel=None, identity=None, **train_overrides):
     """A Trainer over a tiny model and an endless in-memory loader. `fault(module, batch, accum_info)` runs before
     each micro-batch (it may raise, signal, or set `module.poison = True` to make every later loss NaN)."""
     from align.train.optim import OptimizerConfig
@@ -104,7 +104,7 @@ def build_sft(run_dir, *, max_steps=6, checkpoint_every=2, accum=2, optimizer="a
     module = Module(model, cfg, SftLossConfig(chunk_size=16), total_steps=max_steps, seed=7)
     loader = loader if loader is not None else ListLoader(sft_windows(5, accum))
     tcfg = TrainerConfig(max_steps=max_steps, checkpoint_every=checkpoint_every, **train_overrides)
-    return Trainer(tcfg, module, loader, run_dir, list(callbacks))
+    return Trainer(tcfg, module, loader, run_dir, list(callbacks), identity=identity)
 
 
 def weights(module) -> dict:

@@ -147,6 +147,7 @@ def _resolved_config(launch: Launch) -> str:
 def _run_worker(launch: Launch, lock: HeavyJobLock | None) -> SupervisedResult:
     env = dict(os.environ, ALIGN_PROFILE=launch.profile, ALIGN_RUN_DIR=str(launch.run_dir),
                ALIGN_RUNS_DIR=str(launch.runs), ALIGN_ROOT=str(launch.root),
+               ALIGN_CODE_DIGEST=launch.code_digest,  # part of a training run's identity (align.train.identity)
                PYTHONUNBUFFERED="1",
                PYTHONPATH=os.pathsep.join(p for p in (str(launch.root), os.environ.get("PYTHONPATH")) if p))
     common = launch.common

@@ -8,15 +8,21 @@ checkpoint manifest with the current one and starts fresh on any difference (ali
 
 The identity is a digest of the resolved config without the keys that only say how the run is operated (checkpoint
 cadence and retention, wall budget, collective timeout, host preflight, lock, supervisor) plus the digests of the
-stage's inputs. `max_steps` is part of it: the learning-rate schedule depends on it, so a longer run is a new run."""
+stage's inputs. `max_steps` is part of it: the learning-rate schedule depends on it, so a longer run is a new run.
+Under the pipeline the launcher also passes the stage's code digest ($ALIGN_CODE_DIGEST, the import closure doit
+tracks), so a code change that makes doit rerun a stage also makes it train afresh; a bare `python -m` run has no
+code digest and resumes whatever the config and inputs match."""
 
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 from align.config import to_dict
 from align.utils.fsio import sha256_bytes
+
+CODE_DIGEST_ENV = "ALIGN_CODE_DIGEST"
 
 # Dotted config keys that never change what is trained: an attempt that differs only in these resumes.
 OPERATIONAL_KEYS = ("train.checkpoint_every", "train.keep_last", "train.pin_every", "train.max_wall_seconds",
@@ -38,6 +44,9 @@ def run_identity(cfg: Any, inputs: dict[str, str]) -> dict[str, Any]:
     for key in OPERATIONAL_KEYS:
         _drop(tree, key)
     config = sha256_bytes(json.dumps(tree, sort_keys=True, default=str).encode("utf-8"))
+    inputs = dict(inputs)
+    if os.environ.get(CODE_DIGEST_ENV):
+        inputs["code"] = os.environ[CODE_DIGEST_ENV]
     return {"config": config, "inputs": dict(sorted((k, str(v)) for k, v in inputs.items()))}
 
 

@@ -6,7 +6,7 @@ import json
 from align.config import load_config
 from align.stages.sft import SftStageConfig
 from align.train import checkpoint as ckpt_io
-from align.train.identity import identity_difference, run_identity
+from align.train.identity import CODE_DIGEST_ENV, identity_difference, run_identity
 from align.utils.tracking import read_history
 from train_helpers import assert_bitwise_equal, build_sft, weights
 
@@ -15,7 +15,8 @@ A = {"config": "a" * 64, "inputs": {"shards": "s1"}}
 B = {"config": "b" * 64, "inputs": {"shards": "s1"}}
 
 
-def test_operational_keys_do_not_change_identity_but_training_keys_do():
+def test_operational_keys_do_not_change_identity_but_training_keys_do(monkeypatch):
+    monkeypatch.delenv(CODE_DIGEST_ENV, raising=False)
     inputs = {"shards": "s1", "base": "b1"}
     base = run_identity(load_config(SFT_TOML, SftStageConfig), inputs)
     for same in (["train.checkpoint_every=7", "train.keep_last=5", "train.max_wall_seconds=60.0"],
@@ -28,6 +29,9 @@ def test_operational_keys_do_not_change_identity_but_training_keys_do():
     assert identity_difference(moved, base) == "changed since it was written: input 'shards'"
     assert "no run identity" in identity_difference(None, base)
     json.dumps(base)  # it lives in a JSON manifest
+    monkeypatch.setenv(CODE_DIGEST_ENV, "c" * 64)  # the pipeline passes the stage's code digest
+    recoded = run_identity(load_config(SFT_TOML, SftStageConfig), inputs)
+    assert identity_difference(recoded, base) == "changed since it was written: input 'code'"
 
 
 def test_same_identity_resumes(tmp_path):

@@ -149,6 +149,9 @@ def _run_worker(launch: Launch, lock: HeavyJobLock | None) -> SupervisedResult:
                ALIGN_RUNS_DIR=str(launch.runs), ALIGN_ROOT=str(launch.root),
                ALIGN_CODE_DIGEST=launch.code_digest,  # part of a training run's identity (align.train.identity)
                PYTHONUNBUFFERED="1",
+               # NOTE: a spinning OpenMP pool (the default ACTIVE wait) on a host shared with other jobs waits on a
+               # descheduled peer: the tiny SFT ran 6x slower under load. An exported OMP_WAIT_POLICY wins.
+               OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
                PYTHONPATH=os.pathsep.join(p for p in (str(launch.root), os.environ.get("PYTHONPATH")) if p))
     common = launch.common
     check = (lambda: preflight(common.preflight, launch.run_dir)) if launch.heavy else None

@@ -17,19 +17,27 @@ Different world size on resume: the global order is re-derived, never refused. T
 depend on the world size, so the run continues at the same global position; if world_size x grad_accum is
 unchanged every later optimizer step sees the same micro-batches as the uninterrupted run (the split across ranks
 differs). A change of the data, the seed or the batching (micro_batch_size, max_tokens, pad_to_multiple, shuffle)
-is refused: it would silently change the order."""
+is refused: it would silently change the order.
+
+Packing (`packing = "greedy" | "ffd"`, SFT shard sets only): the unit of a micro-batch becomes a packed row of
+`seq_len` tokens holding several whole conversations (align.data.packing decides which, per epoch, from the seeded
+order); `micro_batch_size` counts packed rows. The cursor, the rank split and resume are the same as above, over
+packed micro-batches. A conversation longer than `seq_len` is refused when the loader is built (never split, never
+silently dropped: the shard build's `encoding.max_len` is where over-long rows are dropped or truncated, counted in
+its manifest)."""
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterator, Literal
 
 import numpy as np
 
 from align.config import to_dict
-from align.data.collate import collate
+from align.data.collate import collate, collate_packed
 from align.data.order import epoch_order, micro_batch_starts, round_up
+from align.data.packing import pack
 from align.data.store import ShardSet
 from align.exceptions import ArtifactError, ConfigError
 
@@ -47,11 +55,20 @@ class LoaderConfig:
     pad_to_multiple: int = 1  # padded width rounded up to this (8 or 64 helps GPU kernels)
     pad_id: int = 0  # id written under attention_mask False (never attended, never a label)
     num_epochs: int | None = None  # None: an endless stream (the trainer's step budget stops it)
+    # sft only: several whole conversations per row of seq_len tokens (greedy: next-fit in stream order; ffd:
+    # first-fit decreasing, fuller rows); micro_batch_size then counts packed rows, pad_to_multiple is not used
+    packing: Literal["none", "greedy", "ffd"] = "none"
+    seq_len: int = 2048  # width of a packed row in tokens; every conversation must fit in one
 
     def __post_init__(self):
         for name in ("micro_batch_size", "grad_accum", "pad_to_multiple"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.seq_len < 2:
+            raise ValueError(f"seq_len must be >= 2, got {self.seq_len}")
+        if self.packing != "none" and self.max_tokens is not None:
+            raise ValueError(f"max_tokens and packing = {self.packing!r} exclude each other: a packed micro-batch "
+                             "is always micro_batch_size x seq_len tokens")
         if self.max_tokens is not None and self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1 or unset, got {self.max_tokens}")
         if self.num_epochs is not None and self.num_epochs < 1:
@@ -59,7 +76,24 @@ class LoaderConfig:
 
     def batching(self) -> dict:
         """The fields that decide micro-batch boundaries: a resume must not change them."""
-        return {k: v for k, v in to_dict(self).items() if k not in ("grad_accum", "num_epochs", "pad_id")}
+        out = {k: v for k, v in to_dict(self).items() if k not in ("grad_accum", "num_epochs", "pad_id")}
+        if self.packing == "none":  # a state saved before packing existed has neither key: it still resumes
+            del out["packing"], out["seq_len"]
+        return out
+
+
+@dataclass(frozen=True)
+class EpochPlan:
+    """One epoch of the global stream. Unpacked, every batch row is one shard row (bin_starts = 0..n)."""
+
+    rows: np.ndarray  # (n,) shard rows in stream order; a packed row's documents are consecutive
+    bin_starts: np.ndarray  # (batch rows + 1,): batch row k holds rows[bin_starts[k]:bin_starts[k + 1]]
+    starts: np.ndarray  # (micro-batches + 1,): micro-batch m holds batch rows [starts[m], starts[m + 1])
+
+    def micro(self, m: int) -> list[np.ndarray]:
+        """Micro-batch m as its batch rows, each an array of shard rows."""
+        edges = self.bin_starts[self.starts[m]:self.starts[m + 1] + 1]
+        return [self.rows[lo:hi] for lo, hi in zip(edges[:-1].tolist(), edges[1:].tolist())]
 
 
 @dataclass(frozen=True)
@@ -115,49 +149,91 @@ class BatchLoader:
                 row = int(self._lengths.argmax())
                 raise ConfigError(f"loader.max_tokens = {cfg.max_tokens} is below row {row} of {shards.path} "
                                   f"({widest} tokens): no micro-batch could hold it")
-        self._plan_cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        if cfg.packing != "none":
+            self._check_packing()
+        self._plan_cache: dict[int, EpochPlan] = {}
+
+    def _check_packing(self) -> None:
+        """Packing needs single-sequence SFT rows that each fit a packed row; refuse anything else up front."""
+        cfg, shards = self.cfg, self.shards
+        if shards.kind != "sft":
+            raise ConfigError(f"loader.packing = {cfg.packing!r} packs SFT conversations; {shards.path} holds "
+                              f"{shards.kind!r} rows. Set loader.packing = \"none\" for this stage")
+        too_long = np.flatnonzero(self._lengths > cfg.seq_len)
+        if too_long.size:
+            row = int(self._lengths.argmax())
+            raise ConfigError(
+                f"loader.seq_len = {cfg.seq_len} is shorter than {too_long.size} conversation(s) of {shards.path} "
+                f"(the longest: row {row}, {int(self._lengths[row])} tokens); packing never splits a conversation. "
+                f"Raise loader.seq_len to at least {int(self._lengths[row])}, or rebuild the shards with "
+                f"build.encoding.max_len = {cfg.seq_len} (too_long = \"drop\" or \"truncate\", counted in the "
+                f"shard manifest)")
 
     # ---- the global stream ---------------------------------------------------------------------------------------
 
-    def _plan(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
-        """(order, micro-batch starts) of an epoch; the two most recent epochs are cached."""
+    def _plan(self, epoch: int) -> EpochPlan:
+        """The epoch's plan; the two most recent epochs are cached."""
         if epoch not in self._plan_cache:
-            order = epoch_order(len(self.shards), self.seed, epoch, self.cfg.shuffle)
-            starts = micro_batch_starts(self._lengths[order], self.cfg.micro_batch_size, self.cfg.max_tokens,
-                                        self.cfg.pad_to_multiple, self.shards.seqs_per_row)
+            cfg = self.cfg
+            order = epoch_order(len(self.shards), self.seed, epoch, cfg.shuffle)
+            lengths = self._lengths[order]
+            if cfg.packing == "none":
+                bins = np.arange(len(order) + 1, dtype=np.int64)
+                starts = micro_batch_starts(lengths, cfg.micro_batch_size, cfg.max_tokens, cfg.pad_to_multiple,
+                                            self.shards.seqs_per_row)
+            else:
+                positions, bins = pack(lengths, cfg.seq_len, cfg.packing, self.seed, epoch)
+                order = order[positions]
+                starts = micro_batch_starts(np.diff(bins), cfg.micro_batch_size, None)
             self._plan_cache = {e: p for e, p in self._plan_cache.items() if e >= epoch - 1}
-            self._plan_cache[epoch] = (order, starts)
+            self._plan_cache[epoch] = EpochPlan(order, bins, starts)
         return self._plan_cache[epoch]
 
     def micro_batches_in_epoch(self, epoch: int) -> int:
-        return len(self._plan(epoch)[1]) - 1
+        return len(self._plan(epoch).starts) - 1
 
-    def _global_step(self, epoch: int, offset: int) -> tuple[list[np.ndarray], int, int]:
-        """The rows of the next G micro-batches from (epoch, offset), and the cursor after them."""
+    def _global_step(self, epoch: int, offset: int) -> tuple[list[list[np.ndarray]], int, int]:
+        """The next G micro-batches from (epoch, offset), each as its batch rows, and the cursor after them."""
         out = []
         for _ in range(self.world_size * self.cfg.grad_accum):
-            order, starts = self._plan(epoch)
-            if offset == len(starts) - 1:
+            if offset == self.micro_batches_in_epoch(epoch):
                 epoch, offset = epoch + 1, 0
-                order, starts = self._plan(epoch)
-            out.append(order[starts[offset]:starts[offset + 1]])
+            out.append(self._plan(epoch).micro(offset))
             offset += 1
         return out, epoch, offset
 
+    def _collate(self, batch_rows: list[np.ndarray]) -> dict:
+        cfg = self.cfg
+        if cfg.packing != "none":
+            return collate_packed(self.shards, batch_rows, cfg.seq_len, cfg.pad_id)
+        return collate(self.shards, np.concatenate(batch_rows), cfg.pad_id, cfg.pad_to_multiple)
+
     def __iter__(self) -> Iterator[StepBatch]:
         while self.cfg.num_epochs is None or self.epoch < self.cfg.num_epochs:
-            rows, epoch, offset = self._global_step(self.epoch, self.offset)
-            mine = rows[self.rank::self.world_size]  # position a*world_size + r within the step
-            every = np.concatenate(rows)
-            batch = StepBatch(
-                micro_batches=[collate(self.shards, r, self.cfg.pad_id, self.cfg.pad_to_multiple) for r in mine],
-                step=self.step, epoch=self.epoch, global_rows=len(every),
-                global_loss_tokens=int(self._loss_tokens[every].sum()))
+            micro, epoch, offset = self._global_step(self.epoch, self.offset)
+            mine = micro[self.rank::self.world_size]  # position a*world_size + r within the step
+            every = np.concatenate([rows for mb in micro for rows in mb])
+            batch = StepBatch(micro_batches=[self._collate(mb) for mb in mine], step=self.step, epoch=self.epoch,
+                              global_rows=len(every), global_loss_tokens=int(self._loss_tokens[every].sum()))
             # advance before yielding: state_dict() taken after the step was trained resumes at the next one
             self.epoch, self.offset, self.step = epoch, offset, self.step + 1
             if offset == self.micro_batches_in_epoch(epoch):
                 self.epoch, self.offset = epoch + 1, 0
             yield batch
+
+    def epoch_stats(self, epoch: int = 0) -> dict:
+        """Shape of one epoch: documents, batch rows, micro-batches, real and padded tokens, the padding share."""
+        plan, arms = self._plan(epoch), self.shards.seqs_per_row
+        tokens = int(self.shards.manifest["tokens"])
+        batch_rows = np.diff(plan.starts)
+        if self.cfg.packing != "none":
+            padded = int(batch_rows.sum()) * self.cfg.seq_len
+        else:
+            widest = np.maximum.reduceat(self._lengths[plan.rows], plan.starts[:-1])
+            widths = -(-widest // self.cfg.pad_to_multiple) * self.cfg.pad_to_multiple
+            padded = int((batch_rows * widths).sum()) * arms
+        return {"documents": len(plan.rows), "batch_rows": int(batch_rows.sum()), "micro_batches": len(batch_rows),
+                "tokens": tokens, "padded_tokens": padded, "padding_fraction": 1.0 - tokens / padded}
 
     # ---- resume --------------------------------------------------------------------------------------------------
 

@@ -5,6 +5,9 @@ A mask is a bool tensor broadcastable to (B, 1, Tq, Tk), True = may attend. `mas
 attention over a square score matrix (Tq == Tk): the fast path, no mask tensor is built and SDPA runs with
 `is_causal=True`.
 
+Packed rows (several documents per row): `document_mask` builds the block-diagonal causal mask and
+`document_positions` the positions that restart at each document; nothing here is built for an unpacked batch.
+
 A query row whose keys are all masked (a left-padding position) outputs zeros in both paths, never NaN, so a
 padding position cannot poison the gradient of the real ones.
 
@@ -98,14 +101,46 @@ def build_mask(attention_mask: torch.Tensor | None, seq_len: int, sliding_window
         attention_mask = None  # NOTE: a host sync on GPU; it buys the no-mask SDPA kernel for unpadded batches
     if attention_mask is None and not window_bites:
         return None
-    pos = torch.arange(seq_len, device=attention_mask.device if attention_mask is not None else None)
-    mask = pos[None, :] <= pos[:, None]  # (Tq, Tk) causal
-    if window_bites:
-        mask = mask & (pos[None, :] > pos[:, None] - sliding_window)  # HF: kv_idx > q_idx - window
+    mask = _causal(seq_len, sliding_window, attention_mask.device if attention_mask is not None else None)
     mask = mask[None, None]  # (1, 1, T, T)
     if attention_mask is not None:
         mask = mask & attention_mask.bool()[:, None, None, :]  # (B, 1, T, T)
     return mask
+
+
+def _causal(seq_len: int, sliding_window: int | None, device) -> torch.Tensor:
+    """(T, T) bool: key at or before the query, and inside the window when one is set."""
+    pos = torch.arange(seq_len, device=device)
+    mask = pos[None, :] <= pos[:, None]  # (Tq, Tk) causal
+    if sliding_window is not None and sliding_window < seq_len:
+        mask = mask & (pos[None, :] > pos[:, None] - sliding_window)  # HF: kv_idx > q_idx - window
+    return mask
+
+
+def document_mask(document_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                  sliding_window: int | None) -> torch.Tensor:
+    """Block-diagonal causal mask of packed rows: (B, T) document index per token -> (B, 1, T, T) bool.
+
+    A query sees the keys at or before it in its own document (and window), never another document's. Keys where
+    `attention_mask` is False (padding) are hidden, but every query keeps its own key: a padding query would
+    otherwise have no key at all, and some fused GPU kernels return NaN (not 0) for a fully masked row."""
+    b, t = document_ids.shape
+    mask = _causal(t, sliding_window, document_ids.device)[None]  # (1, T, T)
+    mask = mask & (document_ids[:, :, None] == document_ids[:, None, :])  # (B, T, T)
+    if attention_mask is not None:
+        own = torch.eye(t, dtype=torch.bool, device=document_ids.device)[None]
+        mask = mask & (attention_mask.bool()[:, None, :] | own)
+    return mask[:, None]  # (B, 1, T, T)
+
+
+def document_positions(document_ids: torch.Tensor) -> torch.Tensor:
+    """(B, T) int64 position of each token inside its document: 0 at every document's first token (RoPE restarts,
+    so a packed document is rotated exactly as it would be alone). Documents are contiguous runs of one id."""
+    t = document_ids.shape[1]
+    idx = torch.arange(t, device=document_ids.device).expand_as(document_ids)
+    first = torch.ones_like(document_ids, dtype=torch.bool)
+    first[:, 1:] = document_ids[:, 1:] != document_ids[:, :-1]
+    return idx - torch.where(first, idx, torch.zeros_like(idx)).cummax(dim=1).values
 
 
 @dataclass(frozen=True)

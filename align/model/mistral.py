@@ -17,7 +17,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from align.model.attention import AttentionConfig, KVCache, attention, build_mask
+from align.model.attention import (AttentionConfig, KVCache, attention, build_mask, document_mask,
+                                   document_positions)
 from align.model.hf_config import MistralConfig
 from align.model.layers import MistralMLP, RMSNorm, apply_rope, rope_cos_sin
 
@@ -99,16 +100,24 @@ class MistralModel(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                position_ids: torch.Tensor | None = None, kv_cache: KVCache | None = None) -> torch.Tensor:
+                position_ids: torch.Tensor | None = None, kv_cache: KVCache | None = None,
+                document_ids: torch.Tensor | None = None) -> torch.Tensor:
         """input_ids (B, T); attention_mask (B, T) bool True = token; position_ids (B, T) or None.
 
         Without a cache, position_ids default to 0..T-1 (as transformers; left-padded callers pass their own).
         With a cache, the new tokens follow each sequence's cached length and attention_mask marks which of the
-        T new tokens are real (right-padded)."""
+        T new tokens are real (right-padded). document_ids (B, T) int: packed rows (align.data.collate_packed);
+        attention stays inside each document and position_ids default to positions restarting per document."""
         hidden = self.embed_tokens(input_ids)  # (B, T, D)
         b, t = input_ids.shape
         step = None
-        if kv_cache is not None:
+        if document_ids is not None:
+            if kv_cache is not None:
+                raise ValueError("document_ids (packed rows) are for training forwards, not with a kv_cache")
+            mask = document_mask(document_ids, attention_mask, self.config.sliding_window)
+            if position_ids is None:
+                position_ids = document_positions(document_ids)
+        elif kv_cache is not None:
             new_mask = attention_mask if attention_mask is not None else input_ids.new_ones(b, t, dtype=torch.bool)
             step = kv_cache.plan(new_mask)
             mask = step.mask
@@ -141,9 +150,10 @@ class _MistralBase(nn.Module):
         return {}
 
     def forward_hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                       position_ids: torch.Tensor | None = None, kv_cache: KVCache | None = None) -> torch.Tensor:
+                       position_ids: torch.Tensor | None = None, kv_cache: KVCache | None = None,
+                       document_ids: torch.Tensor | None = None) -> torch.Tensor:
         """Final-normed hidden states (B, T, D); fused losses multiply by the head in chunks from here."""
-        return self.model(input_ids, attention_mask, position_ids, kv_cache)
+        return self.model(input_ids, attention_mask, position_ids, kv_cache, document_ids)
 
     def new_kv_cache(self, batch_size: int, max_len: int, dtype=None, device=None) -> KVCache:
         cfg = self.config
@@ -191,8 +201,9 @@ class MistralForCausalLM(_MistralBase):
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                position_ids: torch.Tensor | None = None, kv_cache: KVCache | None = None) -> torch.Tensor:
-        return self.lm_head(self.forward_hidden(input_ids, attention_mask, position_ids, kv_cache))
+                position_ids: torch.Tensor | None = None, kv_cache: KVCache | None = None,
+                document_ids: torch.Tensor | None = None) -> torch.Tensor:
+        return self.lm_head(self.forward_hidden(input_ids, attention_mask, position_ids, kv_cache, document_ids))
 
 
 class MistralForValueHead(_MistralBase):

@@ -11,6 +11,14 @@ import numpy as np
 import torch
 
 
+def seed_all(seed: int) -> None:
+    """Seed Python's `random`, numpy's global generator and torch (every device): a stage's start is then a function
+    of its config alone, whichever library a component draws from."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
 def capture_rng_state() -> dict:
     kind, keys, pos, has_gauss, gauss = np.random.get_state()
     state = {

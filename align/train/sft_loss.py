@@ -50,7 +50,10 @@ def count_loss_tokens(batch: dict) -> int:
 def sft_loss(model: nn.Module, batch: dict, cfg: SftLossConfig, workspace: CEWorkspace | None = None) -> LossOutput:
     """Summed next-token CE (+ z-loss) of `model` on `batch`; `sums` carries ce, z, entropy and token counts.
     `workspace`: the fused head's reusable buffers (kept by the TrainModule across micro-batches)."""
-    hidden = model.forward_hidden(batch["input_ids"], batch.get("attention_mask"), batch.get("position_ids"))
+    # packed rows (align.data.collate_packed) carry document_ids: attention and RoPE then restart per document
+    packed = {"document_ids": batch["document_ids"]} if "document_ids" in batch else {}
+    hidden = model.forward_hidden(batch["input_ids"], batch.get("attention_mask"), batch.get("position_ids"),
+                                  **packed)
     targets = shift_labels(batch["labels"])  # shape: (B, T), aligned with hidden
     weight = model.lm_head.weight
     mask = batch.get("attention_mask")

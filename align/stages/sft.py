@@ -33,6 +33,7 @@ from align.train.identity import run_identity
 from align.train.optim import OptimizerConfig
 from align.train.parallel import ParallelConfig
 from align.train.probes import ProbeConfig, Tripwires
+from align.train.rng import seed_all
 from align.train.schedulers import SchedulerConfig
 from align.train.sft_loss import SftLossConfig
 from align.train.sft_module import SftTrainModule
@@ -79,9 +80,9 @@ class SftStageConfig(CommonConfig):
 
 def build_model(cfg: SftStageConfig) -> MistralForCausalLM:
     dtype = DTYPES[cfg.model.dtype]
+    seed_all(cfg.run.seed)  # every stream seeded: the same initial weights on every rank and every attempt
     if cfg.model.base:
         return load_checkpoint(cfg.model.base, dtype=dtype, device=device())
-    torch.manual_seed(cfg.run.seed)  # the same initial weights on every rank and every attempt
     return MistralForCausalLM(cfg.model.init).to(device=device(), dtype=dtype)
 
 

@@ -68,6 +68,10 @@ def default_backend() -> str:
 def device() -> torch.device:
     """This rank's compute device: its local GPU under CUDA, else the CPU."""
     if torch.cuda.is_available():
+        visible = torch.cuda.device_count()
+        if local_rank() >= visible:  # NOTE: else NCCL fails later with an invalid-ordinal error far from the cause
+            raise RuntimeError(f"LOCAL_RANK {local_rank()} has no GPU: {visible} CUDA device(s) visible; launch at "
+                               f"most {visible} ranks per node, or hide the GPUs (CUDA_VISIBLE_DEVICES='') for CPU")
         return torch.device("cuda", local_rank())
     return torch.device("cpu")
 

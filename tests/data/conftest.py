@@ -47,6 +47,13 @@ def make_records(tmp: Path, kind: str, n: int, batch_rows: int = 16) -> Path:
     return _ingest(tmp, kind, rows_of(n), src, batch_rows)
 
 
+@pytest.fixture(autouse=True)
+def _no_torchrun_env(monkeypatch):
+    """A loader defaults to torchrun's RANK / WORLD_SIZE: keep a launcher's environment out of the tests."""
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+
+
 @pytest.fixture(scope="session")
 def records_factory():
     """`make_records(tmp, kind, n, batch_rows=16)`: a small ingest artifact of one kind."""

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import io
-
 import numpy as np
 import pytest
 import torch
@@ -12,12 +10,8 @@ from align.data.loader import BatchLoader, LoaderConfig
 from align.data.order import epoch_order
 from align.data.store import ShardSet
 from align.exceptions import ArtifactError, ConfigError
-
-
-@pytest.fixture(autouse=True)
-def _no_torchrun_env(monkeypatch):
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
-        monkeypatch.delenv(name, raising=False)
+from loader_helpers import roundtrip as _roundtrip
+from loader_helpers import take as _take
 
 
 @pytest.fixture(scope="module")
@@ -33,15 +27,6 @@ def pairs(shard_sets) -> ShardSet:
 def _index(mb: dict) -> list[int]:
     key = next(k for k in ("row_index", "pair_index", "prompt_index") if k in mb)
     return mb[key].tolist()
-
-
-def _take(loader: BatchLoader, steps: int) -> list:
-    out = []
-    for batch in loader:
-        out.append(batch)
-        if len(out) == steps:
-            break
-    return out
 
 
 def _global_stream(shards, cfg, world, steps, seed=7) -> list[list[list[int]]]:
@@ -113,13 +98,6 @@ def _same_batches(a, b) -> None:
         assert x.keys() == y.keys()
         for key in x:
             assert torch.equal(x[key], y[key]), key
-
-
-def _roundtrip(state: dict) -> dict:
-    buffer = io.BytesIO()
-    torch.save(state, buffer)  # as the trainer does, inside resume.pt
-    buffer.seek(0)
-    return torch.load(buffer, weights_only=True)
 
 
 @pytest.mark.parametrize("kind,cfg", [

@@ -16,9 +16,7 @@ from align.train.sft_loss import SftLossConfig, sft_loss
 
 
 @pytest.fixture(autouse=True)
-def _one_thread(monkeypatch):
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
-        monkeypatch.delenv(name, raising=False)
+def _one_thread():
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

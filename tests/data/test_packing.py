@@ -3,8 +3,6 @@ exact resume at every offset, and the refusals (a conversation longer than seq_l
 
 from __future__ import annotations
 
-import io
-
 import numpy as np
 import pytest
 import torch
@@ -14,14 +12,10 @@ from align.data.packing import pack, pack_ffd, pack_greedy
 from align.data.store import ShardSet
 from align.exceptions import ArtifactError, ConfigError
 from align.train.sft_loss import shift_labels
+from loader_helpers import roundtrip as _roundtrip
+from loader_helpers import take as _take
 
 IGNORE = -100
-
-
-@pytest.fixture(autouse=True)
-def _no_torchrun_env(monkeypatch):
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
-        monkeypatch.delenv(name, raising=False)
 
 
 @pytest.fixture(scope="module")
@@ -72,15 +66,6 @@ def test_ffd_is_first_fit_decreasing_and_a_function_of_seed_and_epoch():
     assert all(np.array_equal(x, y) for x, y in zip(same, (positions, starts)))
     assert not np.array_equal(pack(lengths, 128, "ffd", 1, 1)[0], positions)  # the bin order changes per epoch
     assert not np.array_equal(pack(lengths, 128, "ffd", 2, 0)[0], positions)
-
-
-def _take(loader, steps):
-    out = []
-    for batch in loader:
-        out.append(batch)
-        if len(out) == steps:
-            break
-    return out
 
 
 @pytest.mark.parametrize("packing", ["greedy", "ffd"])
@@ -144,13 +129,6 @@ def test_packed_ranks_are_disjoint_and_cover_every_epoch(sft, world, accum):
     strip = [[rows for _, rows in step] for step in _index_stream(sft, cfg, world, steps)]
     alone = LoaderConfig(micro_batch_size=2, grad_accum=accum * world, packing="ffd", seq_len=128)
     assert strip == [[rows for _, rows in step] for step in _index_stream(sft, alone, 1, steps)]
-
-
-def _roundtrip(state):
-    buffer = io.BytesIO()
-    torch.save(state, buffer)
-    buffer.seek(0)
-    return torch.load(buffer, weights_only=True)
 
 
 @pytest.mark.parametrize("packing", ["greedy", "ffd"])

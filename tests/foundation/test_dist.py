@@ -78,3 +78,12 @@ def test_two_gloo_ranks(tmp_path):
         assert r["world"] == 2 and r["backend"] == "gloo" and (r["timeout_s"], r["shortened_s"]) == (120.0, 30.0)
         assert r["max"] == [1.0, 1.0, 5.0] and r["sum"] == [3.0]
         assert r["gather"] == ["msg0", "msg1"] and r["bcast"] == {"from": 0}
+
+
+@pytest.mark.gpu
+def test_a_rank_without_a_gpu_is_refused_by_name(monkeypatch):
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    monkeypatch.setenv("LOCAL_RANK", str(torch.cuda.device_count()))
+    with pytest.raises(RuntimeError, match="has no GPU"):
+        D.device()

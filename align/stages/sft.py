@@ -114,6 +114,10 @@ def main() -> int:
     if is_rank0():
         print(f"sft: {n_params / 1e6:.2f}M parameters, {len(shards)} rows; {module.banner}", flush=True)
     loader = BatchLoader(shards, cfg.loader, seed=cfg.run.seed)
+    if is_rank0() and cfg.loader.packing != "none":
+        st = loader.epoch_stats()
+        print(f"sft: packing {cfg.loader.packing}: {st['documents']} conversations in {st['batch_rows']} rows of "
+              f"{cfg.loader.seq_len} tokens, {st['padding_fraction']:.1%} padding (epoch 0)", flush=True)
     callbacks = [SpeedMonitor(n_params, cfg.data.peak_flops_per_s or None),
                  Tripwires(cfg.probes, list(module.model.parameters()), model.config.vocab_size),
                  ProgressLine(cfg.train.max_steps, label="sft")]

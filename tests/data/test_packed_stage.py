@@ -4,7 +4,6 @@ weights, bit for bit, as an uninterrupted run (the loader's packed cursor is res
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -30,34 +29,40 @@ def runs(shard_sets, tmp_path_factory) -> Path:
     return runs
 
 
-def run_sft(runs: Path, run_dir: Path, fault: str = "") -> int:
+@pytest.fixture
+def run_sft(runs, monkeypatch):
+    """Run the worker's main() in this process, as the launcher would run it; `fault` arms align.train.faults."""
     from align.stages import sft
 
-    saved = (dict(os.environ), sys.argv, torch.get_num_threads())
-    os.environ.update({"ALIGN_RUNS_DIR": str(runs), "ALIGN_RUN_DIR": str(run_dir), faults.FAULTS_ENV: fault})
-    sys.argv = ["sft", "--config", str(ROOT / "configs/smoke/sft.toml"), *SMALL]
-    faults.reset()
-    try:
-        return run_with_exit_codes(sft.main)
-    finally:
-        os.environ.clear()
-        os.environ.update(saved[0])
-        sys.argv = saved[1]
-        torch.set_num_threads(saved[2])
+    monkeypatch.setenv("ALIGN_RUNS_DIR", str(runs))
+    monkeypatch.setattr(sys, "argv", ["sft", "--config", str(ROOT / "configs/smoke/sft.toml"), *SMALL])
+    threads = torch.get_num_threads()
+
+    def run(run_dir: Path, fault: str = "") -> int:
+        monkeypatch.setenv("ALIGN_RUN_DIR", str(run_dir))
+        monkeypatch.setenv(faults.FAULTS_ENV, fault)
         faults.reset()
+        try:
+            return run_with_exit_codes(sft.main)
+        finally:
+            faults.reset()
+
+    yield run
+    torch.set_num_threads(threads)
+    faults.reset()
 
 
-def test_packed_sft_stage_trains_and_resumes_exactly(runs, tmp_path, capsys):
-    assert run_sft(runs, tmp_path / "whole") == 0
+def test_packed_sft_stage_trains_and_resumes_exactly(run_sft, tmp_path, capsys):
+    assert run_sft(tmp_path / "whole") == 0
     assert "sft: packing ffd: 61 conversations in" in capsys.readouterr().out
     whole = read_history(tmp_path / "whole" / "history.jsonl")
     assert [r["step"] for r in whole] == [1, 2, 3, 4]
     assert all(r["loss_tokens"] > 0 and r["input_tokens"] > 0 for r in whole)
 
     with pytest.raises(faults.FaultInjected):  # an unexpected error inside step 3, after the step-2 checkpoint
-        run_sft(runs, tmp_path / "cut", "crash@micro,step=3,micro=1")
+        run_sft(tmp_path / "cut", "crash@micro,step=3,micro=1")
     assert sorted(p.name for p in (tmp_path / "cut" / "checkpoints").iterdir()) == ["step_2"]
-    assert run_sft(runs, tmp_path / "cut") == 0  # resumes from step_2
+    assert run_sft(tmp_path / "cut") == 0  # resumes from step_2
     cut = read_history(tmp_path / "cut" / "history.jsonl")
     assert [(r["step"], r["loss_tokens"], r["loss"]) for r in cut] == [(r["step"], r["loss_tokens"], r["loss"])
                                                                        for r in whole]

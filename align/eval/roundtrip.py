@@ -41,8 +41,13 @@ def _logits(model, ids: torch.Tensor) -> torch.Tensor:
         model.train(was_training)
 
 
-def check_published(model, ckpt_dir: str | os.PathLike) -> dict:
-    """Load `ckpt_dir` and require exact equality with `model` (weights and probe logits)."""
+def check_published(model, ckpt_dir: str | os.PathLike, weights: dict[str, torch.Tensor] | None = None) -> dict:
+    """Load `ckpt_dir` and require exact equality with `model` (weights and probe logits). `weights` (full CPU
+    tensors, e.g. gathered from FSDP shards on rank 0) replaces `model.state_dict()` as the expected tensors; the
+    probe forward then runs on a CPU copy of `model`'s class built from them, since a sharded model cannot run a
+    forward on one rank alone."""
+    if weights is not None:
+        model = _model_from(model, weights)
     dtype = next(model.parameters()).dtype
     loaded = load_checkpoint(ckpt_dir, dtype=dtype, device="cpu", cls=type(model))
     mine = {k: v.detach().cpu() for k, v in model.state_dict().items()}
@@ -62,6 +67,17 @@ def check_published(model, ckpt_dir: str | os.PathLike) -> dict:
         raise RoundtripError(f"{ckpt_dir}: forward differs after the round trip (max |diff| "
                              f"{(before - after).abs().max().item():.3g}) although every tensor is equal")
     return {"tensors": len(mine), "content_hash": checkpoint_content_hash(ckpt_dir), "forward_equal": True}
+
+
+def _model_from(model, weights: dict[str, torch.Tensor]):
+    """A CPU model of `model`'s class and config holding `weights` (same dtype), for the probe forward."""
+    dtype = next(iter(weights.values())).dtype
+    with torch.device("meta"):
+        fresh = type(model)(model.config, init=False).to(dtype)
+    fresh = fresh.to_empty(device="cpu")
+    fresh.load_state_dict(weights, strict=True, assign=True)
+    fresh.tie_weights()
+    return fresh
 
 
 def roundtrip(model, work_dir: str | os.PathLike) -> dict:

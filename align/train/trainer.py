@@ -273,8 +273,24 @@ class Trainer:
         """Collective: the trained weights as an HF checkpoint at `out_dir` (staged, manifest last); rank 0 writes.
         kwargs go to align.model.checkpoint.save_state_dict (tokenizer_dir, inputs, dtype, max_shard_bytes)."""
         weights = self.module.full_model_state_dict()
-        path = self._write_weights(weights, Path(out_dir), **kwargs) if is_rank0() else None
+        path = None
+        if is_rank0():
+            path = self._write_weights(weights, Path(out_dir), **kwargs)
+            self._check_roundtrip(path, weights)
         return Path(broadcast_object(str(path) if path else None))
+
+    def _check_roundtrip(self, path: Path, weights: dict) -> None:
+        """Rank 0: the published checkpoint loads back into exactly these weights and this forward, or the stage
+        fails before anything downstream (or a receipt) can use it (align.eval.roundtrip)."""
+        from align.eval.roundtrip import check_published
+
+        model = self.module.model
+        # NOTE: a sharded model cannot run a forward on one rank, and a GPU forward is not bitwise a CPU one: then
+        # the probe runs on a CPU model built from the gathered weights.
+        on_cpu = next(model.parameters()).device.type == "cpu"
+        report = check_published(model, path, weights=None if world_size() == 1 and on_cpu else weights)
+        print(f"trainer: published {path}: round trip exact ({report['tensors']} tensors, forward equal)",
+              flush=True)
 
 
 def _read_weights(model_dir: Path):

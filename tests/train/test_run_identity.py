@@ -62,3 +62,26 @@ def test_checkpoint_without_identity_is_not_resumed_by_an_identified_run(tmp_pat
     assert build_sft(tmp_path, max_steps=2, checkpoint_every=1).fit() == 0  # identity None: pre-identity layout
     run = build_sft(tmp_path, max_steps=2, checkpoint_every=1, identity=A)
     assert run.fit() == 0 and run.resumed_from is None
+
+
+def test_publish_final_checks_the_round_trip(tmp_path, monkeypatch):
+    import pytest
+
+    from align.eval.roundtrip import RoundtripError, check_published
+
+    trainer = build_sft(tmp_path, max_steps=2, checkpoint_every=0)
+    assert trainer.fit() == 0
+    final = trainer.publish_final(tmp_path / "final")
+    # the gathered-weights path (FSDP / GPU) agrees with the in-memory model path
+    assert check_published(trainer.module.model, final, weights=trainer.module.full_model_state_dict())["forward_equal"]
+    write = trainer._write_weights
+
+    def corrupt(weights, out_dir, **kwargs):  # a save bug: one tensor altered on its way to disk
+        bad = dict(weights)
+        key = sorted(bad)[-1]
+        bad[key] = bad[key] + 1e-3
+        return write(bad, out_dir, **kwargs)
+
+    monkeypatch.setattr(trainer, "_write_weights", corrupt)
+    with pytest.raises(RoundtripError, match="differs after the round trip"):
+        trainer.publish_final(tmp_path / "final2")

@@ -40,3 +40,17 @@ def hf_twin(model, cls_name: str = "MistralForCausalLM", **config_kwargs):
 def random_ids(cfg: MistralConfig, b: int, t: int, seed: int = 0) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     return torch.randint(0, cfg.vocab_size, (b, t), generator=g)
+
+
+def packed_rows(cfg, lengths=((5, 9, 3), (7, 11), (17,)), t: int = 20, seed: int = 0):
+    """Random documents laid out as align.data.collate_packed does: (docs, ids, attention_mask, document_ids)."""
+    g = torch.Generator().manual_seed(seed)
+    docs = [[torch.randint(1, cfg.vocab_size, (n,), generator=g) for n in row] for row in lengths]
+    ids = torch.zeros(len(lengths), t, dtype=torch.int64)
+    doc_ids = torch.full((len(lengths), t), -1, dtype=torch.int64)
+    for b, row in enumerate(docs):
+        start = 0
+        for d, seq in enumerate(row):
+            ids[b, start:start + len(seq)], doc_ids[b, start:start + len(seq)] = seq, d
+            start += len(seq)
+    return docs, ids, doc_ids >= 0, doc_ids

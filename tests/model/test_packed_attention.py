@@ -9,24 +9,9 @@ import torch.nn.functional as F
 
 from align.model import MistralForCausalLM
 from align.model.attention import AttentionConfig, build_mask, document_mask, document_positions
-from model_helpers import tiny_config
+from model_helpers import packed_rows, tiny_config
 
-LENGTHS = [[5, 9, 3], [7, 11], [17]]  # documents per row; rows padded to T
-T = 20
-
-
-def packed_rows(cfg, lengths=LENGTHS, t=T, seed=0):
-    """Random documents laid out as align.data.collate_packed does: (docs, ids, attention_mask, document_ids)."""
-    g = torch.Generator().manual_seed(seed)
-    docs = [[torch.randint(1, cfg.vocab_size, (n,), generator=g) for n in row] for row in lengths]
-    ids = torch.zeros(len(lengths), t, dtype=torch.int64)
-    doc_ids = torch.full((len(lengths), t), -1, dtype=torch.int64)
-    for b, row in enumerate(docs):
-        start = 0
-        for d, seq in enumerate(row):
-            ids[b, start:start + len(seq)], doc_ids[b, start:start + len(seq)] = seq, d
-            start += len(seq)
-    return docs, ids, doc_ids >= 0, doc_ids
+T = 20  # packed_rows' default row width
 
 
 def test_document_positions_restart_at_every_document():

@@ -11,8 +11,7 @@ import torch.nn.functional as F
 
 from align.model import AttentionConfig, MistralForCausalLM
 from align.model.attention import document_positions
-from model_helpers import hf_twin, tiny_config
-from test_packed_attention import packed_rows
+from model_helpers import hf_twin, packed_rows, tiny_config
 
 pytestmark = pytest.mark.oracle
 transformers = pytest.importorskip("transformers")

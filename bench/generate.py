@@ -7,12 +7,21 @@ Loads (generated tokens per second of wall time, prefill included):
         shape. The engine gets one request per prompt with 8 samples (prompt prefilled once, blocks shared);
         transformers gets `num_return_sequences=8`, which repeats each prompt 8 times.
 Shapes: tiny (the embedded profile: vocab 32768, d 256, 4 layers, 8/2 heads, ffn 768) and small (d 512, 8 layers,
-8/2 heads, ffn 1536). Both fp32, random weights; no stop tokens (transformers with min_new_tokens = max_new_tokens),
-so both produce exactly the same number of tokens. Runs alternate (align, transformers, ...) so machine noise hits
-both; best and median of the repeats are printed, as ONE JSON line, with tokens per CPU-second of the process beside
-tokens per wall second (on a shared host the CPU figure is the steadier one). Usage:
+8/2 heads, ffn 1536). Random weights; no stop tokens (transformers with min_new_tokens = max_new_tokens), so both
+produce exactly the same number of tokens.
 
-    .venv/bin/python bench/generate.py [--shapes tiny,small --loads b1,b16,grpo --repeats 3 --threads 2]
+Variants (`--variants`, comma-separated dtype[:kernel]): float32 (the default engine: bitwise the model's kernels),
+float32:onednn (EngineConfig.linear_kernel="onednn", weights pre-packed by oneDNN), bfloat16, bfloat16:onednn.
+A bf16 variant runs BOTH engines on a bf16 copy of the weights (transformers' twin `.to(torch.bfloat16)`), so every
+speedup compares like with like; the align engine computes its log-probs in fp32 from the bf16 logits.
+
+The engine is built once per (shape, load, variant), as the GRPO stage builds its client once, and its prefix cache
+is dropped before every timed run, as a weight update drops it: no prompt is ever served from an earlier run.
+Runs alternate (align, transformers, ...) so machine noise hits both; best and median of the repeats are printed, as
+ONE JSON line, with tokens per CPU-second of the process beside tokens per wall second. Usage:
+
+    .venv/bin/python bench/generate.py [--shapes tiny,small --loads b1,b16,grpo --variants float32,bfloat16
+                                        --repeats 3 --threads 1]
 """
 
 from __future__ import annotations
@@ -31,7 +40,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from model_forward import build_hf  # noqa: E402  (the transformers twin with the same weights)
 
-from align.inference import Engine, EngineConfig, SamplingParams  # noqa: E402
+from align.inference import EngineConfig, SamplingParams  # noqa: E402
 from align.model import MistralConfig, MistralForCausalLM  # noqa: E402
 from align.rollout import RolloutRequest  # noqa: E402
 from align.rollout.native import NativeRolloutClient  # noqa: E402
@@ -49,20 +58,26 @@ LOADS = {  # prompts, samples per prompt, new tokens, temperature
 PROMPT_LEN = 64
 
 
-def run_align(model, prompts, samples: int, new: int, temperature: float, invariant: bool = True) -> float:
-    cfg = EngineConfig(max_model_len=PROMPT_LEN + new + 1, max_num_seqs=256, batch_invariant=invariant)
-    client = NativeRolloutClient(model, cfg)  # fresh engine: no prefix cache left over from the last repeat
+def make_client(model, new: int, invariant: bool, kernel: str) -> NativeRolloutClient:
+    cfg = EngineConfig(max_model_len=PROMPT_LEN + new + 1, max_num_seqs=256, batch_invariant=invariant,
+                       linear_kernel=kernel)
+    return NativeRolloutClient(model, cfg)
+
+
+def run_align(client, prompts, samples: int, new: int, temperature: float) -> tuple[float, float]:
+    client.engine.block_manager.reset_prefix_cache()  # what a weight update does: no prompt served from a past run
     params = SamplingParams(temperature=temperature, max_new_tokens=new)
     reqs = [RolloutRequest(tuple(p), num_samples=samples, params=params, seed=i) for i, p in enumerate(prompts)]
     t0, c0 = time.perf_counter(), time.process_time()
     batch = client.generate(reqs)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     assert sum(len(r.completion_ids) for r in batch.results) == len(prompts) * samples * new
+    assert batch.metrics.cached_prompt_tokens == len(prompts) * (samples - 1) * (PROMPT_LEN - 1) or samples == 1
     return len(prompts) * samples * new / wall, len(prompts) * samples * new / cpu
 
 
 @torch.inference_mode()
-def run_hf(twin, prompts, samples: int, new: int, temperature: float) -> float:
+def run_hf(twin, prompts, samples: int, new: int, temperature: float) -> tuple[float, float]:
     ids = torch.tensor(prompts)
     kw = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature > 0 else dict(do_sample=False)
     t0, c0 = time.perf_counter(), time.process_time()
@@ -73,52 +88,67 @@ def run_hf(twin, prompts, samples: int, new: int, temperature: float) -> float:
     return len(prompts) * samples * new / wall, len(prompts) * samples * new / cpu
 
 
+def summarise(result: dict, key: str, rates: dict) -> None:
+    med = {}
+    for name, vals in rates.items():
+        if vals:
+            walls, cpus = [v[0] for v in vals], [v[1] for v in vals]
+            result[f"{key}_{name}_tok_s_best"] = round(max(walls), 1)
+            result[f"{key}_{name}_tok_s_median"] = med[name] = round(statistics.median(walls), 1)
+            # tokens per CPU-second of this process: less skewed than wall time on a shared host
+            med[name + "_cpu"] = round(statistics.median(cpus), 1)
+            result[f"{key}_{name}_tok_per_cpu_s_median"] = med[name + "_cpu"]
+    if rates["transformers"]:
+        result[f"{key}_speedup_median"] = round(med["align"] / med["transformers"], 2)
+        result[f"{key}_speedup_cpu_median"] = round(med["align_cpu"] / med["transformers_cpu"], 2)
+
+
+def bench_variant(result: dict, shape: str, variant: str, args) -> None:
+    dtype_name, _, kernel = variant.partition(":")
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype_name]
+    torch.manual_seed(0)
+    model = MistralForCausalLM(SHAPES[shape]).eval()
+    twin = None if args.no_hf else build_hf(model)
+    model = model.to(dtype)
+    if twin is not None:
+        twin = twin.eval().to(dtype)
+    for load in args.loads.split(","):
+        n_prompts, samples, new, temp = LOADS[load]
+        g = torch.Generator().manual_seed(1)
+        prompts = torch.randint(3, model.config.vocab_size, (n_prompts, PROMPT_LEN), generator=g).tolist()
+        client = make_client(model, new, not args.no_batch_invariant, kernel or "torch")
+        run_align(client, prompts[:1], 1, 4, temp)  # warm-up: thread pools, allocator
+        if twin is not None:
+            run_hf(twin, prompts[:1], 1, 4, temp)
+        rates: dict[str, list[tuple[float, float]]] = {"align": [], "transformers": []}
+        for _ in range(args.repeats):
+            rates["align"].append(run_align(client, prompts, samples, new, temp))
+            if twin is not None:
+                rates["transformers"].append(run_hf(twin, prompts, samples, new, temp))
+        summarise(result, f"{shape}_{load}_{variant.replace(':', '_')}", rates)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="tiny,small")
     ap.add_argument("--loads", default="b1,b16,grpo")
+    ap.add_argument("--variants", default="float32,float32:onednn,bfloat16",
+                    help="dtype[:kernel], kernel = torch (default) or onednn")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--no-hf", action="store_true", help="skip transformers even when installed")
     ap.add_argument("--no-batch-invariant", action="store_true", help="EngineConfig.batch_invariant=False")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    result = {"bench": "generate", "what": "generated tokens/s (wall, prefill included), fp32",
+    result = {"bench": "generate", "what": "generated tokens/s (wall, prefill included)",
               "prompt_len": PROMPT_LEN, "threads": args.threads, "repeats": args.repeats,
+              "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "default"),
               "batch_invariant": not args.no_batch_invariant, "load_avg_1m_start": round(os.getloadavg()[0], 2),
               "malloc": {k: os.environ[k] for k in ("MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_") if k in os.environ}
               or "glibc default", "torch": torch.__version__, "python": platform.python_version()}
     for shape in args.shapes.split(","):
-        torch.manual_seed(0)
-        model = MistralForCausalLM(SHAPES[shape]).eval()
-        twin = None if args.no_hf else build_hf(model)
-        if twin is not None:
-            twin.eval()
-        for load in args.loads.split(","):
-            n_prompts, samples, new, temp = LOADS[load]
-            g = torch.Generator().manual_seed(1)
-            prompts = torch.randint(3, model.config.vocab_size, (n_prompts, PROMPT_LEN), generator=g).tolist()
-            run_align(model, prompts[:1], 1, 4, temp)  # warm-up: thread pools, allocator
-            if twin is not None:
-                run_hf(twin, prompts[:1], 1, 4, temp)
-            rates: dict[str, list[tuple[float, float]]] = {"align": [], "transformers": []}
-            for _ in range(args.repeats):
-                rates["align"].append(run_align(model, prompts, samples, new, temp, not args.no_batch_invariant))
-                if twin is not None:
-                    rates["transformers"].append(run_hf(twin, prompts, samples, new, temp))
-            key = f"{shape}_{load}"
-            med = {}
-            for name, vals in rates.items():
-                if vals:
-                    walls, cpus = [v[0] for v in vals], [v[1] for v in vals]
-                    result[f"{key}_{name}_tok_s_best"] = round(max(walls), 1)
-                    result[f"{key}_{name}_tok_s_median"] = med[name] = round(statistics.median(walls), 1)
-                    # tokens per CPU-second of this process: less skewed than wall time on a shared host
-                    med[name + "_cpu"] = round(statistics.median(cpus), 1)
-                    result[f"{key}_{name}_tok_per_cpu_s_median"] = med[name + "_cpu"]
-            if rates["transformers"]:
-                result[f"{key}_speedup_median"] = round(med["align"] / med["transformers"], 2)
-                result[f"{key}_speedup_cpu_median"] = round(med["align_cpu"] / med["transformers_cpu"], 2)
+        for variant in args.variants.split(","):
+            bench_variant(result, shape, variant, args)
     result["load_avg_1m_end"] = round(os.getloadavg()[0], 2)  # other work on the host skews both sides
     print(json.dumps(result))
 

@@ -53,6 +53,10 @@ class EngineConfig:
     # whole 16-key chunks), a sequence's tokens and log-probs are bitwise the same alone or in any batch; without it
     # they can differ in the last bits, and a greedy near-tie can flip. Costs ~4 padded rows at batch 1.
     batch_invariant: bool = True
+    # Matmul kernel of the projections and the head (fused_layers.py): "torch" = F.linear, the model's own kernel
+    # (MKL in fp32 on CPU); "onednn" = weights pre-packed by oneDNN, ~2.5x faster on the fp32 32k head at 16 rows
+    # on this CPU but rounding differently from the model's forward (opt-in: greedy near-ties can flip). CPU only.
+    linear_kernel: str = "torch"
 
     def __post_init__(self):
         problems = []
@@ -63,5 +67,7 @@ class EngineConfig:
             problems.append(f"max_model_len must be >= 2, got {self.max_model_len}")
         if self.num_blocks is not None and self.num_blocks < 1:
             problems.append(f"num_blocks must be >= 1, got {self.num_blocks}")
+        if self.linear_kernel not in ("torch", "onednn"):
+            problems.append(f"linear_kernel must be 'torch' or 'onednn', got {self.linear_kernel!r}")
         if problems:
             raise ValueError("EngineConfig: " + "; ".join(problems))

@@ -50,7 +50,7 @@ class Engine:
         num_blocks = config.num_blocks or self._auto_num_blocks(mcfg)
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.block_manager)
-        self.runner = ModelRunner(model, num_blocks, config.block_size, config.batch_invariant)
+        self.runner = ModelRunner(model, num_blocks, config.block_size, config.batch_invariant, config.linear_kernel)
         self.weight_version = 0
         self._weights_stamp = self._stamp()
         self.stats = EngineStats()

@@ -1,4 +1,4 @@
-"""The decoder layer the engine runs per step, with fused projection weights.
+"""The decoder layer and head the engine runs per step, with fused (and optionally pre-packed) projection weights.
 
 A decode step is a handful of small matmuls per layer; on CPU each one pays a fixed dispatch and thread fork/join
 cost that, at 16 rows, is comparable to the arithmetic. So q/k/v become one matmul against their concatenated
@@ -6,10 +6,20 @@ weights, gate/up another, RoPE rotates q and k in one call, and fp32 RMSNorm is 
 (bit-identical to the model's fp32 expression; in other dtypes the model's own norm runs, for its rounding order).
 The math is the model's: the same weights, `apply_rope`, SiLU-gated MLP, residuals.
 
-The fused tensors are copies, so they must follow the model's weights. Every in-place write to a tensor bumps its
-version counter; `refresh()` compares the counters (and storage pointers) of the source parameters with those seen
-when the copies were made and rebuilds what changed. So an engine sharing its model with a trainer cannot serve
-stale weights, whether or not `load_weights` was called."""
+Matmul kernels (`EngineConfig.linear_kernel`):
+- "torch": `F.linear` on the weights, what the model's own forward runs (MKL sgemm in fp32 on CPU).
+- "onednn": every projection and the head against weights pre-packed once by oneDNN for this CPU
+  (`torch.ops.mkldnn._reorder_linear_weight` + `_linear_pointwise`, the pair inductor's CPU freezing uses).
+  Measured here (AMD EPYC, AVX-512, 1 thread, fp32, 16 rows x 256 -> 32k head): 3.6-4 ms vs 9-10 ms for MKL; on
+  the layers' small matmuls it is on par. It rounds differently from MKL (same fp32 arithmetic, another summation
+  blocking: ~1e-5 relative on the logits), so it is opt-in: a near-tie in a greedy argmax can flip against the
+  "torch" kernel, and golden anchors pin those tokens. A row's result is the same for any row count >= 2
+  (measured, see model_runner.padded_rows); it costs one extra copy of the weights.
+
+The fused and packed tensors are copies, so they must follow the model's weights. Every in-place write to a tensor
+bumps its version counter; `refresh()` compares the counters (and storage pointers) of the source parameters with
+those seen when the copies were made and rebuilds what changed. So an engine sharing its model with a trainer
+cannot serve stale weights, whether or not `load_weights` was called."""
 
 from __future__ import annotations
 
@@ -20,26 +30,47 @@ import torch.nn.functional as F
 
 from align.model.layers import apply_rope
 
+LINEAR_KERNELS = ("torch", "onednn")
+PACK_ROWS_HINT = 16  # oneDNN's batch-size hint when packing: measured invariant rows for m >= 2 (1 packs otherwise)
+
 
 @dataclass
 class _Fused:
-    wqkv: torch.Tensor  # (H*Dh + 2*KVH*Dh, D)
+    wqkv: torch.Tensor  # (H*Dh + 2*KVH*Dh, D), packed for "onednn"
     wgu: torch.Tensor  # (2*F, D)
+    wo: torch.Tensor  # (D, H*Dh): the module's own weight for "torch"
+    wdown: torch.Tensor  # (D, F)
     stamp: tuple  # (version, data_ptr) of every source weight when built
 
 
 def _sources(layer) -> tuple[torch.Tensor, ...]:
     a, m = layer.self_attn, layer.mlp
-    return (a.q_proj.weight, a.k_proj.weight, a.v_proj.weight, m.gate_proj.weight, m.up_proj.weight)
+    return (a.q_proj.weight, a.k_proj.weight, a.v_proj.weight, m.gate_proj.weight, m.up_proj.weight,
+            a.o_proj.weight, m.down_proj.weight)
 
 
 def _stamp(tensors) -> tuple:
     return tuple((t._version, t.data_ptr()) for t in tensors)
 
 
+def check_linear_kernel(kernel: str, weight: torch.Tensor) -> None:
+    """Raise if `kernel` cannot run on weights like `weight` (device, dtype, torch build)."""
+    if kernel not in LINEAR_KERNELS:
+        raise ValueError(f"EngineConfig.linear_kernel must be one of {LINEAR_KERNELS}, got {kernel!r}")
+    if kernel == "onednn":
+        if weight.device.type != "cpu" or not torch.backends.mkldnn.is_available():
+            raise ValueError(f"linear_kernel 'onednn' needs a CPU model and a torch built with oneDNN; the model "
+                             f"is on {weight.device} (mkldnn available: {torch.backends.mkldnn.is_available()})")
+        if weight.dtype not in (torch.float32, torch.bfloat16):
+            raise ValueError(f"linear_kernel 'onednn' supports float32 and bfloat16 weights, got {weight.dtype}")
+
+
 class FusedDecoder:
-    def __init__(self, model: torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, kernel: str = "torch"):
+        check_linear_kernel(kernel, model.lm_head.weight)
+        self.kernel = kernel
         self.layers = model.model.layers
+        self.lm_head = model.lm_head
         cfg = model.config
         self.q_dim = cfg.num_attention_heads * cfg.head_dim
         self.kv_dim = cfg.num_key_value_heads * cfg.head_dim
@@ -47,17 +78,36 @@ class FusedDecoder:
         self.heads = cfg.num_attention_heads + cfg.num_key_value_heads  # rotated heads: q and k together
         self.head_dim = cfg.head_dim
         self.fused: list[_Fused | None] = [None] * len(self.layers)
+        self.whead: torch.Tensor | None = None
+        self.head_stamp: tuple | None = None
         self.refresh()
+
+    def _prepare(self, w: torch.Tensor) -> torch.Tensor:
+        if self.kernel == "onednn":
+            return torch.ops.mkldnn._reorder_linear_weight(w.detach().contiguous(), PACK_ROWS_HINT)
+        return w
+
+    def linear(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """x (N, in) @ w.T -> (N, out) with the configured kernel; w as made by `_prepare`."""
+        if self.kernel == "onednn":
+            return torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
+        return F.linear(x, w)
 
     @torch.no_grad()
     def refresh(self) -> int:
-        """Rebuild the fused copies of layers whose weights changed since they were made; returns how many."""
+        """Rebuild the fused copies of layers (and the head) whose weights changed since they were made; returns
+        how many were rebuilt."""
         rebuilt = 0
         for i, layer in enumerate(self.layers):
             src = _sources(layer)
             if self.fused[i] is None or self.fused[i].stamp != _stamp(src):
-                self.fused[i] = _Fused(torch.cat(src[:3]), torch.cat(src[3:]), _stamp(src))
+                self.fused[i] = _Fused(self._prepare(torch.cat(src[:3])), self._prepare(torch.cat(src[3:5])),
+                                       self._prepare(src[5]), self._prepare(src[6]), _stamp(src))
                 rebuilt += 1
+        head = (self.lm_head.weight,)
+        if self.head_stamp != _stamp(head):
+            self.whead, self.head_stamp = self._prepare(head[0]), _stamp(head)
+            rebuilt += 1
         return rebuilt
 
     @staticmethod
@@ -69,14 +119,22 @@ class FusedDecoder:
     def qkv(self, i: int, hidden: torch.Tensor, rope) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """hidden (N, D) -> q (N, H, Dh), k (N, KVH, Dh), v (N, KVH, Dh); RoPE applied to q and k."""
         layer = self.layers[i]
-        out = F.linear(self.norm(layer.input_layernorm, hidden), self.fused[i].wqkv)  # (N, q + 2 kv)
+        out = self.linear(self.norm(layer.input_layernorm, hidden), self.fused[i].wqkv)  # (N, q + 2 kv)
         n = hidden.shape[0]
         qk = apply_rope(out[:, :self.q_dim + self.kv_dim].view(n, self.heads, self.head_dim), *rope)
         q, k = qk.split((self.q_dim // self.head_dim, self.kv_dim // self.head_dim), dim=1)
         return q, k, out[:, self.q_dim + self.kv_dim:].view(n, -1, self.head_dim)
 
+    def attn_out(self, i: int, hidden: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """hidden (N, D) + o_proj(attn (N, H, Dh)) -> (N, D)."""
+        return hidden + self.linear(attn.flatten(1), self.fused[i].wo)  # (N, H * Dh) -> (N, D)
+
     def mlp(self, i: int, hidden: torch.Tensor) -> torch.Tensor:
         """hidden (N, D) -> hidden + mlp(norm(hidden))."""
         layer = self.layers[i]
-        gu = F.linear(self.norm(layer.post_attention_layernorm, hidden), self.fused[i].wgu)  # (N, 2F)
-        return hidden + layer.mlp.down_proj(F.silu(gu[:, :self.ffn]) * gu[:, self.ffn:])
+        gu = self.linear(self.norm(layer.post_attention_layernorm, hidden), self.fused[i].wgu)  # (N, 2F)
+        return hidden + self.linear(F.silu(gu[:, :self.ffn]) * gu[:, self.ffn:], self.fused[i].wdown)
+
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Final-normed hidden (N, D) -> logits (N, V) in the model's dtype."""
+        return self.linear(hidden, self.whead)

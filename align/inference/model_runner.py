@@ -50,12 +50,21 @@ def padded_rows(m: int) -> int:
     return max(m, 12)
 
 
+def padded_rows_onednn(m: int) -> int:
+    """The same for the "onednn" linear kernel (weights packed with a 16-row hint): a row's result is bitwise that
+    of a 2100-row batch for every m >= 2, fp32 and bf16, 1 or 2 threads, on every (out, in) weight shape of the
+    tiny/small profiles and the test model (measured); m = 1 takes another path for some shapes (in = 1536)."""
+    return max(m, 2)
+
+
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module, num_blocks: int, block_size: int, batch_invariant: bool = True):
+    def __init__(self, model: torch.nn.Module, num_blocks: int, block_size: int, batch_invariant: bool = True,
+                 linear_kernel: str = "torch"):
         cfg = model.config
         self.model = model
         self.block_size = block_size
-        self.pad_rows = padded_rows if batch_invariant else (lambda m: m)
+        invariant_rows = padded_rows_onednn if linear_kernel == "onednn" else padded_rows
+        self.pad_rows = invariant_rows if batch_invariant else (lambda m: m)
         self.trash_slot = num_blocks * block_size  # an extra block no sequence owns: padding rows write there
         self.sliding_window = cfg.sliding_window
         weight = model.model.embed_tokens.weight
@@ -65,7 +74,11 @@ class ModelRunner:
         # turns 0 * NaN into NaN in the output.
         self.k_cache = torch.zeros(shape, dtype=weight.dtype, device=self.device)
         self.v_cache = torch.zeros(shape, dtype=weight.dtype, device=self.device)
-        self.decoder = FusedDecoder(model)
+        self.decoder = FusedDecoder(model, linear_kernel)
+        # The sampler's probabilities buffer, reused every step: a fresh 2 MB (16 x 32k fp32) tensor per sampling
+        # block is returned to and faulted in from the OS by glibc's allocator.
+        self.sample_workspace = torch.empty(SAMPLE_CHUNK_ROWS * cfg.vocab_size, dtype=torch.float32,
+                                            device=self.device)
 
     @staticmethod
     def bytes_per_block(cfg, block_size: int, dtype: torch.dtype) -> int:
@@ -120,7 +133,7 @@ class ModelRunner:
         m, dec = self.model.model, self.decoder
         hidden = m.embed_tokens(inputs.input_ids)  # (N, D)
         rope = m.layers[0].self_attn.rope(inputs.positions, hidden.dtype) if len(m.layers) else None
-        for i, layer in enumerate(m.layers):
+        for i in range(len(m.layers)):
             q, k, v = dec.qkv(i, hidden, rope)  # (N, H, Dh), (N, KVH, Dh) x2
             write_kv(self.k_cache[i], self.v_cache[i], inputs.slots, k, v)
             if len(inputs.groups) == 1 and inputs.groups[0].token_slice.stop == q.shape[0]:
@@ -129,7 +142,7 @@ class ModelRunner:
                 out = torch.zeros_like(q)  # padding rows stay zero
                 for g in inputs.groups:
                     out[g.token_slice] = group_attention(q[g.token_slice], self.k_cache[i], self.v_cache[i], g)
-            hidden = dec.mlp(i, hidden + layer.self_attn.o_proj(out.flatten(1)))  # (N, H * Dh) -> (N, D)
+            hidden = dec.mlp(i, dec.attn_out(i, hidden, out))
         return m.norm(hidden[inputs.sample_index])
 
     @torch.inference_mode()
@@ -142,10 +155,11 @@ class ModelRunner:
         for chunk in hidden.tensor_split(-(-hidden.shape[0] // LOGIT_CHUNK_ROWS)):
             # NOTE: one matmul per LOGIT_CHUNK_ROWS rows, not per sampling block: the head's weight (V x D, 32 MB
             # for the tiny profile) is larger than the caches, and each matmul streams all of it from memory.
-            logits = self.model.lm_head(chunk).float()  # (rows, V)
+            logits = self.decoder.head(chunk).float()  # (rows, V)
             for sub in range(0, min(logits.shape[0], len(seqs) - lo), SAMPLE_CHUNK_ROWS):
                 rows = slice(lo + sub, min(lo + sub + SAMPLE_CHUNK_ROWS, len(seqs)))
-                tok, lp, mlp = sample(logits[sub:sub + rows.stop - rows.start], params.rows(rows))
+                tok, lp, mlp = sample(logits[sub:sub + rows.stop - rows.start], params.rows(rows),
+                                      self.sample_workspace)
                 tokens += tok.tolist()
                 logprobs += lp.tolist()
                 model_logprobs += mlp.tolist()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from align.inference import Engine, EngineConfig, GenerationRequest, SamplingParams
 from align.model import MistralConfig, MistralForCausalLM
 
 
@@ -43,3 +44,22 @@ def full_forward_logits(model, prompt: list[int], completion: list[int]) -> torc
     """Logits (len(completion), V) fp32 that predicted each completion token, from one forward of the sequence."""
     ids = torch.tensor([list(prompt) + list(completion)])
     return model(ids)[0, len(prompt) - 1:-1].float()
+
+
+def assert_batch_invariant(model, **engine_kwargs) -> None:
+    """Tokens and both log-probs of every request are bitwise the same alone as in batches of other requests,
+    reversed, with small token budgets (chunked prefill), few running sequences, preemption with recompute and a
+    prompt shared through the prefix cache."""
+    prompts = random_prompts([13, 40, 7, 29, 3, 18, 32, 32], model.config.vocab_size, seed=14)
+    prompts[7] = prompts[6]  # two requests with one prompt: the second shares the first's blocks
+    params = [SamplingParams(0.0, max_new_tokens=16), SamplingParams(0.8, top_k=30, top_p=0.9, max_new_tokens=16)]
+    reqs = [GenerationRequest(p, params[i % 2], seed=i) for i, p in enumerate(prompts)]
+    alone = [Engine(model, EngineConfig(**engine_kwargs)).generate([r])[0] for r in reqs]
+    variants = [{}, dict(max_num_batched_tokens=24), dict(max_num_seqs=3),
+                dict(num_blocks=10, enable_prefix_caching=False)]
+    for extra in variants:
+        engine = Engine(model, EngineConfig(**engine_kwargs, **extra))
+        batch = engine.generate(reqs[::-1])[::-1]
+        for a, b in zip(alone, batch):
+            assert (a.token_ids, a.logprobs, a.model_logprobs) == (b.token_ids, b.logprobs, b.model_logprobs), extra
+    assert engine.stats.preemptions > 0

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from align.inference import Engine, EngineConfig, GenerationRequest, SamplingParams
-from inference_helpers import full_forward_logits, naive_greedy, random_prompts, small_model
+from inference_helpers import assert_batch_invariant, full_forward_logits, naive_greedy, random_prompts, small_model
 
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=12)
 
@@ -217,21 +217,9 @@ def test_an_engine_sharing_its_model_with_a_trainer_follows_in_place_updates():
 def test_tokens_and_logprobs_are_bitwise_identical_alone_or_in_any_batch(model, threads):
     # The determinism contract (EngineConfig.batch_invariant, block_size 16): batch composition, chunked prefill,
     # admission order, preemption with recompute and prefix sharing change nothing, not even the last bit.
-    prompts = random_prompts([13, 40, 7, 29, 3, 18, 32, 32], model.config.vocab_size, seed=14)
-    prompts[7] = prompts[6]  # two requests with one prompt: the second shares the first's blocks
-    params = [SamplingParams(0.0, max_new_tokens=16), SamplingParams(0.8, top_k=30, top_p=0.9, max_new_tokens=16)]
-    reqs = [GenerationRequest(p, params[i % 2], seed=i) for i, p in enumerate(prompts)]
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        alone = [Engine(model).generate([r])[0] for r in reqs]
-        configs = [EngineConfig(), EngineConfig(max_num_batched_tokens=24), EngineConfig(max_num_seqs=3),
-                   EngineConfig(num_blocks=10, enable_prefix_caching=False)]
-        for cfg in configs:
-            engine = Engine(model, cfg)
-            batch = engine.generate(reqs[::-1])[::-1]
-            for a, b in zip(alone, batch):
-                assert (a.token_ids, a.logprobs, a.model_logprobs) == (b.token_ids, b.logprobs, b.model_logprobs), cfg
-        assert engine.stats.preemptions > 0
+        assert_batch_invariant(model)
     finally:
         torch.set_num_threads(old)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from align.inference.sampler import RowParams, greedy_argmax, inverse_cdf, sample
+from align.inference.sampler import RowParams, chunk_max, first_max_index, greedy_argmax, inverse_cdf, sample
 
 
 def row_params(n, temperature=1.0, top_k=0, top_p=1.0, uniforms=None) -> RowParams:
@@ -21,6 +21,24 @@ def test_greedy_argmax_equals_argmax_including_ties():
     x[2, -1] = 99.0
     assert greedy_argmax(x).tolist() == x.argmax(-1).tolist()
     assert greedy_argmax(x)[:3].tolist() == [17, 0, 999]
+
+
+def test_first_max_index_from_chunk_maxima_equals_argmax():
+    # V = 300 is not a multiple of the 128-token chunk: maxima in the short tail chunk, ties across and within
+    # chunks, constant rows and -inf entries (masked logits) all resolve as torch.argmax does.
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(8, 300, generator=g)
+    x[0, 299] = 9.0  # in the tail chunk
+    x[1, 5] = x[1, 250] = 9.0  # a tie across chunks
+    x[2, 130] = x[2, 131] = 9.0  # a tie within a chunk
+    x[3] = 1.5  # constant
+    x[4, :200] = float("-inf")
+    x[5] = float("-inf")
+    x[5, 257] = 0.0
+    cmax = chunk_max(x)
+    assert torch.equal(cmax.amax(-1), x.amax(-1))
+    assert first_max_index(x, cmax).tolist() == x.argmax(-1).tolist()
+    assert first_max_index(x, cmax)[:6].tolist() == [299, 5, 130, 0, x[4].argmax().item(), 257]
 
 
 def test_inverse_cdf_hits_every_token_in_proportion_to_its_probability():

@@ -9,6 +9,8 @@ Per rollout (this rank's share: P / world_size prompts x G samples):
        dropped; with dynamic sampling a group whose rewards are all equal is dropped too, and fresh prompts top the
        rollout up, for at most `max_rounds` more rounds; still short, the dropped groups fill the gap (their
        advantages are 0: they add no gradient, but every rank keeps the same number of micro-batches)
+       (`rollout/reward_sum` / `rollout/samples` count every valid group generated, kept or dropped: the policy's
+       reward on fresh prompts, unbiased by the filter, which the receipt's reward curve reads)
     4. the reference's log-probs when the loss or the reward has a KL term; advantages per group
        (align.rl.advantages); `num_minibatches` windows (align.rl.assembly)
     5. `old_logprobs = "recompute"`: the training model's log-probs at the rollout's weights (the exact pi_old of
@@ -42,7 +44,8 @@ from align.rollout.protocol import RolloutClient, RolloutRequest
 STATE_VERSION = 1
 STAT_KEYS = ("rollout/gen_s", "rollout/score_s", "rollout/gen_tokens", "rollout/groups_generated",
              "rollout/groups_kept", "rollout/groups_zero_var", "rollout/groups_filled", "rollout/groups_invalid",
-             "rollout/rounds", "rollout/refused_windows", "rollout/ranks")
+             "rollout/rounds", "rollout/refused_windows", "rollout/ranks", "rollout/reward_sum",
+             "rollout/samples")
 MAX_FILL_ROUNDS = 50  # bound on extra rounds when too few groups are valid at all (unreadable golds everywhere)
 
 Scorer = Callable[[dict], torch.Tensor]  # micro-batch -> (N, C) log-probs at the sampling temperature
@@ -136,7 +139,7 @@ class GrpoBatchSource:
     def _sample_groups(self) -> tuple[list[Group], dict[str, float]]:
         need, kept, dropped = self.local_prompts, [], []
         counts = dict.fromkeys(("rollout/groups_generated", "rollout/groups_zero_var", "rollout/groups_invalid",
-                                "rollout/gen_tokens"), 0.0)
+                                "rollout/gen_tokens", "rollout/reward_sum", "rollout/samples"), 0.0)
         rounds = 0
         while len(kept) < need:
             filtering = self.dynamic.enabled and rounds <= self.dynamic.max_rounds
@@ -149,6 +152,9 @@ class GrpoBatchSource:
                 counts["rollout/groups_generated"] += 1
                 counts["rollout/gen_tokens"] += sum(len(s.completion_ids) for s in g.samples)
                 self.curriculum.record(g.prompt_row, g.all_correct)
+                if g.valid:  # every valid group, kept or dropped: the policy's reward on fresh prompts
+                    counts["rollout/reward_sum"] += sum(g.totals)
+                    counts["rollout/samples"] += len(g.samples)
                 if not g.valid:
                     counts["rollout/groups_invalid"] += 1
                 elif filtering and bool(zero_variance(torch.tensor([g.totals]))[0]):

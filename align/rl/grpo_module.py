@@ -172,6 +172,8 @@ class GrpoTrainModule(TrainModule):
             out[f"empty/{reason}"] = float(self.empty_reason == reason)
         if self.empty_reason is not None:
             out["loss"] = 0.0  # the objective of an empty set (units may be 0: the division would give NaN)
+        # the sampled policy's reward over every valid generated group (NaN on a step that sampled nothing)
+        out["rollout/reward_mean"] = div("rollout/reward_sum", "rollout/samples")
         ranks = sums.get("rollout/ranks") or 1.0
         for key, value in sums.items():
             if key.startswith("rollout/") and key != "rollout/ranks":

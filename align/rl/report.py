@@ -1,8 +1,13 @@
 """The reward curve of a GRPO run, summarised from its `history.jsonl` for the receipt.
 
-`reward_first` / `reward_last`: mean `reward_mean` over the first and the last `fraction` of the logged steps (each
-step's reward is the mean over its minibatch, a noisy number, so single rows say little); `reward_slope`: the least-
-squares slope of reward_mean against the step (reward per step); `reward_rising` is reward_last > reward_first."""
+The curve is `rollout/reward_mean` by default: the sampled policy's mean reward over every valid group a rollout
+generated, kept or dropped by dynamic sampling, logged on the step that sampled it (NaN, hence skipped, on the other
+steps). The trained rows' `reward_mean` is a poor learning curve: dynamic sampling keeps mixed groups and fills with
+all-wrong ones, so it measures the filter as much as the policy.
+`reward_first` / `reward_last`: the mean over the first and the last `fraction` of the logged points (single rows are
+noisy); `reward_slope`: the least-squares slope against the step (reward per step); `reward_rising` is
+reward_last > reward_first; `reward_key` names the column, `reward_points` counts its logged points, `steps` the
+history's rows."""
 
 from __future__ import annotations
 
@@ -12,11 +17,12 @@ import os
 from align.utils.tracking import read_history
 
 
-def reward_curve(history: str | os.PathLike, fraction: float = 0.25, key: str = "reward_mean") -> dict:
-    rows = [(r["step"], r[key]) for r in read_history(history) if isinstance(r.get(key), (int, float))]
+def reward_curve(history: str | os.PathLike, fraction: float = 0.25, key: str = "rollout/reward_mean") -> dict:
+    history = read_history(history)
+    rows = [(r["step"], r[key]) for r in history if isinstance(r.get(key), (int, float))]
     if not rows:
         return {"reward_first": math.nan, "reward_last": math.nan, "reward_slope": math.nan, "reward_rising": False,
-                "steps": 0}
+                "steps": len(history), "reward_points": 0, "reward_key": key}
     k = max(1, int(len(rows) * fraction))
     first = sum(v for _, v in rows[:k]) / k
     last = sum(v for _, v in rows[-k:]) / k
@@ -25,4 +31,4 @@ def reward_curve(history: str | os.PathLike, fraction: float = 0.25, key: str = 
     var = sum((s - mx) ** 2 for s, _ in rows)
     slope = sum((s - mx) * (v - my) for s, v in rows) / var if var else 0.0
     return {"reward_first": first, "reward_last": last, "reward_slope": slope, "reward_rising": last > first,
-            "steps": len(rows)}
+            "steps": len(history), "reward_points": len(rows), "reward_key": key}

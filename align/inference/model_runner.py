@@ -79,6 +79,7 @@ class ModelRunner:
         # block is returned to and faulted in from the OS by glibc's allocator.
         self.sample_workspace = torch.empty(SAMPLE_CHUNK_ROWS * cfg.vocab_size, dtype=torch.float32,
                                             device=self.device)
+        self.logits_workspace = torch.empty(0, dtype=torch.float32, device=self.device)  # grown on demand
 
     @staticmethod
     def bytes_per_block(cfg, block_size: int, dtype: torch.dtype) -> int:
@@ -143,7 +144,7 @@ class ModelRunner:
                 for g in inputs.groups:
                     out[g.token_slice] = group_attention(q[g.token_slice], self.k_cache[i], self.v_cache[i], g)
             hidden = dec.mlp(i, dec.attn_out(i, hidden, out))
-        return m.norm(hidden[inputs.sample_index])
+        return dec.norm(m.norm, hidden[inputs.sample_index])
 
     @torch.inference_mode()
     def sample(self, hidden: torch.Tensor, seqs: list[Sequence]) -> tuple[list[int], list[float], list[float]]:
@@ -155,7 +156,7 @@ class ModelRunner:
         for chunk in hidden.tensor_split(-(-hidden.shape[0] // LOGIT_CHUNK_ROWS)):
             # NOTE: one matmul per LOGIT_CHUNK_ROWS rows, not per sampling block: the head's weight (V x D, 32 MB
             # for the tiny profile) is larger than the caches, and each matmul streams all of it from memory.
-            logits = self.decoder.head(chunk).float()  # (rows, V)
+            logits = self.decoder.head(chunk, self._logits_buffer(chunk.shape[0]))  # (rows, V) fp32
             for sub in range(0, min(logits.shape[0], len(seqs) - lo), SAMPLE_CHUNK_ROWS):
                 rows = slice(lo + sub, min(lo + sub + SAMPLE_CHUNK_ROWS, len(seqs)))
                 tok, lp, mlp = sample(logits[sub:sub + rows.stop - rows.start], params.rows(rows),
@@ -165,6 +166,14 @@ class ModelRunner:
                 model_logprobs += mlp.tolist()
             lo += logits.shape[0]
         return tokens, logprobs, model_logprobs
+
+
+    def _logits_buffer(self, rows: int) -> torch.Tensor:
+        """An fp32 (rows, V) view of a reused buffer (see FusedDecoder.head), grown to the largest step seen."""
+        V = self.model.config.vocab_size
+        if self.logits_workspace.numel() < rows * V:
+            self.logits_workspace = torch.empty(rows * V, dtype=torch.float32, device=self.device)
+        return self.logits_workspace[:rows * V].view(rows, V)
 
 
 def _row_params(seqs: list[Sequence], device) -> RowParams:

@@ -4,6 +4,8 @@ and a clear error where the kernel cannot run."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -43,10 +45,16 @@ def test_onednn_rounds_differently_from_the_default_kernel_but_only_in_the_last_
     assert not torch.equal(onednn, default)
 
 
+@pytest.mark.parametrize("threads", [1, pytest.param(2, marks=pytest.mark.slow)])  # slow: see test_engine.py
 @pytest.mark.parametrize("dtype,kernel", [(torch.float32, "onednn"), (torch.bfloat16, "torch"),
                                           (torch.bfloat16, "onednn")])
-def test_bitwise_batch_invariance_holds_for_every_kernel_and_dtype(model, dtype, kernel):
-    assert_batch_invariant(model.to(dtype) if dtype != torch.float32 else model, linear_kernel=kernel)
+def test_bitwise_batch_invariance_holds_for_every_kernel_and_dtype(model, dtype, kernel, threads):
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        assert_batch_invariant(copy.deepcopy(model).to(dtype), linear_kernel=kernel)  # .to is in place
+    finally:
+        torch.set_num_threads(old)
 
 
 def test_bf16_logprobs_are_computed_in_fp32_close_to_the_bf16_model():

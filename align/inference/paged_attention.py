@@ -50,11 +50,11 @@ def build_group(starts: list[int], lengths: list[int], tables: list[list[int]], 
     mask = key <= q_pos[:, :, None]  # causal; also excludes keys past each row's end
     if sliding_window is not None:
         mask &= key > q_pos[:, :, None] - sliding_window  # as transformers: kv_idx > q_idx - window
-    valid = steps[None, :] < n[:, None]  # (R, Tq)
-    # NOTE: padded query rows attend to key 0 so no row is fully masked; their outputs are discarded.
-    mask &= valid[:, :, None] | (key == 0)
     pad_index = None
-    if tq > 1:
+    if tq > 1:  # decode rows (tq = 1) have no padded queries
+        valid = steps[None, :] < n[:, None]  # (R, Tq)
+        # NOTE: padded query rows attend to key 0 so no row is fully masked; their outputs are discarded.
+        mask &= valid[:, :, None] | (key == 0)
         pad_index = (torch.arange(R, device=device)[:, None] * tq + steps[None, :])[valid]
     # NOTE: an additive float mask, built once per step: SDPA on CPU converts a bool mask to this form on every
     # call (every layer), measured ~1.6x the attention time at 128 decoding rows.

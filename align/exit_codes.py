@@ -9,8 +9,9 @@ import json
 import os
 import sys
 import time
+import traceback
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NoReturn
 
 from align.exceptions import AlignInputError, ExitCodeError
 from align.utils.fsio import atomic_write_json
@@ -62,3 +63,32 @@ def run_with_exit_codes(main: Callable[[], int | None]) -> int:
         print(f"align: {type(exc).__name__}: {exc}", file=sys.stderr)
         return BAD_INPUT
     return int(code or 0)
+
+
+def exit_stage(main: Callable[[], int | None]) -> NoReturn:
+    """A stage worker's `__main__`: run `main` through `run_with_exit_codes` and leave the process with its code.
+
+    In a process group (torchrun) an unexpected exception prints its traceback and exits 1 the same way."""
+    try:
+        code = run_with_exit_codes(main)
+    except Exception:
+        if not in_process_group():
+            raise
+        traceback.print_exc()
+        code = 1
+    leave(code)
+
+
+def leave(code: int) -> NoReturn:
+    """Exit with `code`; a process in a process group leaves through `align.utils.dist.exit_process` (see its note:
+    gloo state torn down at interpreter exit aborts a finished rank now and then)."""
+    if in_process_group():
+        from align.utils.dist import exit_process
+
+        exit_process(code)
+    raise SystemExit(code)
+
+
+def in_process_group() -> bool:
+    dist = sys.modules.get("torch.distributed")  # never import torch here: the launcher side stays light
+    return dist is not None and dist.is_available() and dist.is_initialized()

@@ -29,7 +29,7 @@ from align.data.collate import collate
 from align.data.loader import BatchLoader, LoaderConfig
 from align.data.store import ShardSet
 from align.exceptions import ConfigError
-from align.exit_codes import run_with_exit_codes
+from align.exit_codes import exit_stage
 from align.model.checkpoint import load_checkpoint, tokenizer_dir_for
 from align.profile import CommonConfig
 from align.tokenizer import TokenizerConfig
@@ -180,4 +180,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(run_with_exit_codes(main))
+    exit_stage(main)

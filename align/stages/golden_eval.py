@@ -32,7 +32,7 @@ from align.eval.harness import GreedyConfig, SampledConfig, decode, judge, load_
 from align.eval.metrics import greedy_metrics, sampled_metrics
 from align.eval.roundtrip import RoundtripError, roundtrip
 from align.exceptions import ConfigError
-from align.exit_codes import run_with_exit_codes
+from align.exit_codes import exit_stage
 from align.inference.config import EngineConfig, SamplingParams
 from align.inference.engine import Engine
 from align.inference.receipts import checkpoint_identity
@@ -169,4 +169,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(run_with_exit_codes(main))
+    exit_stage(main)

@@ -20,7 +20,7 @@ import torch
 from align.config import load_cli_config, run_dir_from_env, write_resolved_config
 from align.data.store import ShardSet
 from align.eval.verifier import score
-from align.exit_codes import run_with_exit_codes
+from align.exit_codes import exit_stage
 from align.model.checkpoint import checkpoint_content_hash, load_checkpoint, tokenizer_dir_for
 from align.rl.batch_source import GrpoBatchSource, PromptSet
 from align.rl.canary import Canary, EvalTask, evaluate
@@ -109,4 +109,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(run_with_exit_codes(main))
+    exit_stage(main)

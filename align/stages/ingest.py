@@ -14,7 +14,7 @@ from pathlib import Path
 from align.config import load_cli_config, run_dir_from_env, write_resolved_config
 from align.data.ingest_parquet import SourceConfig, ingest_source
 from align.exceptions import ConfigError
-from align.exit_codes import run_with_exit_codes
+from align.exit_codes import exit_stage
 from align.utils.fsio import atomic_write_json
 
 METRIC_KEYS = ("rows_in", "rows_out", "duplicates", "rejected")
@@ -42,4 +42,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(run_with_exit_codes(main))
+    exit_stage(main)

@@ -22,7 +22,7 @@ import torch
 from align.config import load_cli_config, run_dir_from_env, write_resolved_config
 from align.data.collate import collate
 from align.data.store import ShardSet
-from align.exit_codes import run_with_exit_codes
+from align.exit_codes import exit_stage
 from align.profile import CommonConfig
 from align.tokenizer import TokenizerConfig
 from align.tokenizer.tokenizer import resolve_tokenizer_dir
@@ -98,4 +98,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(run_with_exit_codes(main))
+    exit_stage(main)

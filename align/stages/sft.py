@@ -22,7 +22,7 @@ import torch
 from align.config import config_digest, load_cli_config, run_dir_from_env, write_resolved_config
 from align.data.loader import BatchLoader, LoaderConfig
 from align.data.store import ShardSet
-from align.exit_codes import run_with_exit_codes
+from align.exit_codes import exit_stage
 from align.model import MistralConfig, MistralForCausalLM
 from align.model.checkpoint import checkpoint_content_hash, load_checkpoint
 from align.profile import CommonConfig
@@ -134,4 +134,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(run_with_exit_codes(main))
+    exit_stage(main)

@@ -13,7 +13,7 @@ import json
 import os
 from pathlib import Path
 
-from align.exit_codes import run_with_exit_codes
+from align.exit_codes import leave, run_with_exit_codes
 from align.stages import sft
 from align.train.trainer import Trainer
 
@@ -40,7 +40,7 @@ def main() -> None:
         _record(code=None, error=f"{type(exc).__name__}: {exc}"[:2000])
         raise
     _record(code=code)
-    raise SystemExit(code)
+    leave(code)
 
 
 def _record(**what) -> None:

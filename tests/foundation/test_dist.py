@@ -30,8 +30,10 @@ TWO_RANKS = textwrap.dedent("""
     # down during interpreter finalisation, which aborts the process now and then ("terminate called ...", -6).
     del backend
     D.barrier()
-    open(os.path.join(sys.argv[1], f"rank{r}.json"), "w").write(json.dumps(out))
+    with open(os.path.join(sys.argv[1], f"rank{r}.json"), "w") as f:
+        f.write(json.dumps(out))
     D.destroy()
+    D.exit_process(0)  # idempotent destroy, then no interpreter finalisation
 """)
 
 

@@ -72,3 +72,13 @@ def test_halt_marker_survives_a_crash_between_write_and_rename(tmp_path, first):
         assert not (tmp_path / "HALT.json").exists()
     leftovers = [p.name for p in tmp_path.iterdir() if p.name != "HALT.json"]
     assert all(name.startswith(".HALT.json.tmp-") for name in leftovers)  # never under the marker's name
+
+
+def test_exit_stage_leaves_with_the_verdict_and_lets_bugs_through_outside_a_process_group():
+    assert not X.in_process_group()
+    for main, code in ((lambda: None, 0), (lambda: 7, 7), (lambda: (_ for _ in ()).throw(DataError("row 3")), 2)):
+        with pytest.raises(SystemExit) as exc:
+            X.exit_stage(main)
+        assert exc.value.code == code
+    with pytest.raises(ZeroDivisionError):  # a bug keeps its traceback
+        X.exit_stage(lambda: 1 / 0)

@@ -16,7 +16,7 @@ torch.set_num_threads(1)
 from align.rl.stage_config import RolloutShape  # noqa: E402
 from align.train.parallel import ParallelConfig  # noqa: E402
 from align.train.trainer import Trainer, TrainerConfig  # noqa: E402
-from align.utils.dist import init_distributed, rank, world_size  # noqa: E402
+from align.utils.dist import exit_process, init_distributed, rank, world_size  # noqa: E402
 from align.utils.tracking import read_history  # noqa: E402
 from rl_fixtures import make_client, make_module, make_source, tiny_model  # noqa: E402
 
@@ -50,3 +50,4 @@ def main(strategy: str, out: Path) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1], Path(sys.argv[2]))
+    exit_process(0)  # no interpreter finalisation of live gloo state (align.utils.dist.exit_process)

@@ -30,7 +30,7 @@ torch.set_num_threads(1)
 
 from align.exceptions import HaltError  # noqa: E402
 from align.train.callbacks import Callback  # noqa: E402
-from align.utils.dist import init_distributed, rank, world_size  # noqa: E402
+from align.utils.dist import exit_process, init_distributed, rank, world_size  # noqa: E402
 from train_helpers import FiniteLoader, ListLoader, build_sft, sft_windows, weights  # noqa: E402
 
 ACCUM = 2
@@ -108,7 +108,7 @@ def mode_sigterm(out: Path, name: str, at_step: int, victim: int):
     t = trainer(out / name, max_steps=8, checkpoint_every=3, fault=fault)
     code = t.fit()
     record(out, name, code, t.step)
-    raise SystemExit(code)
+    exit_process(code)
 
 
 def mode_plain(out: Path, name: str, **_):
@@ -192,3 +192,4 @@ def main():
 
 if __name__ == "__main__":
     main()
+    exit_process(0)  # no interpreter finalisation of live gloo state (align.utils.dist.exit_process)

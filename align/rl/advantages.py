@@ -9,7 +9,13 @@ For a group of G completions of one prompt with rewards r_1..r_G (mean mu, stand
     scale "batch_std":  A_k = (r_k - mu) / (sigma_batch + eps)  centred per group, scaled by the std of all the
                                                                step's centred rewards (REINFORCE++-style)
 A group whose rewards are all equal has A = 0 everywhere: no signal (dynamic sampling drops such groups).
-Optionally clipped to [-clip, clip]."""
+Optionally clipped to [-clip, clip]. Then `negative_scale` lambda multiplies the negative advantages only:
+    A_k <- A_k                 if A_k >= 0
+    A_k <- lambda * A_k        if A_k < 0
+lambda = 1 is plain GRPO (each group's advantages sum to 0); lambda < 1 leans on positive-sample reinforcement,
+lambda = 0 is PSR alone (Zhu et al. 2025, "The Surprising Effectiveness of Negative Reinforcement in LLM
+Reasoning": positive samples raise pass@1 / greedy accuracy, negative ones keep pass@k). A small policy that is
+mostly wrong sees 7 wrong samples per right one, and their push-down can swamp what the right one teaches."""
 
 from __future__ import annotations
 
@@ -28,6 +34,7 @@ class AdvantageConfig:
     eps: float = 1e-4
     unbiased_std: bool = False  # ddof 1 (TRL's torch.std default) instead of the population std
     clip: float | None = None  # |A| bound; None: no clipping
+    negative_scale: float = 1.0  # lambda on negative advantages (1: GRPO; 0: positive samples only)
 
     def __post_init__(self):
         if not self.constant > 0:
@@ -36,6 +43,8 @@ class AdvantageConfig:
             raise ValueError(f"AdvantageConfig.eps must be >= 0, got {self.eps}")
         if self.clip is not None and not self.clip > 0:
             raise ValueError(f"AdvantageConfig.clip must be > 0 or absent, got {self.clip}")
+        if not 0.0 <= self.negative_scale <= 1.0:
+            raise ValueError(f"AdvantageConfig.negative_scale must lie in [0, 1], got {self.negative_scale}")
 
 
 def group_advantages(rewards: torch.Tensor, cfg: AdvantageConfig = AdvantageConfig()) -> torch.Tensor:
@@ -57,6 +66,8 @@ def group_advantages(rewards: torch.Tensor, cfg: AdvantageConfig = AdvantageConf
         raise ValueError(f"group_advantages: unknown scale {cfg.scale!r}")
     if cfg.clip is not None:
         adv = adv.clamp(-cfg.clip, cfg.clip)
+    if cfg.negative_scale != 1.0:
+        adv = torch.where(adv < 0, adv * cfg.negative_scale, adv)
     return adv.to(rewards.dtype if rewards.is_floating_point() else torch.float32)
 
 

@@ -10,6 +10,8 @@ change them, without recomputing a log-prob; the loss only ever sees the advanta
           - truncation_penalty * truncated                 a completion cut at max_new_tokens (finish "length")
           - kl_coef * sum_t (logp_t - ref_logp_t)           optional KL shaping (k1 estimate of the sequence KL),
                                                            applied by `with_kl` once reference log-probs exist
+With `step_check`, the outcome is withheld (0, status "false_step") from a completion that writes a false equation
+(align.rl.step_check): a right box reached through wrong arithmetic is not reinforced.
 A sample whose gold answer the verifier cannot read has `valid = False` (no learning signal; never rewarded), and so
 does a sample the sampler failed on (finish "error"): the batch source drops the whole group."""
 
@@ -19,6 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from align.eval.verifier import RewardResult, score
+from align.rl.step_check import false_steps
 
 
 @dataclass(frozen=True)
@@ -31,6 +34,7 @@ class RewardConfig:
     overlong_penalty: float = 1.0  # the soft penalty at max_new_tokens
     truncation_penalty: float = 0.0  # flat penalty for a completion cut at max_new_tokens
     kl_coef: float = 0.0  # KL shaping of the reward (needs the reference model)
+    step_check: bool = False  # outcome 0 for a completion with a false `a op b = c` step (align.rl.step_check)
 
     def __post_init__(self):
         for name in ("overlong_buffer", "overlong_penalty", "truncation_penalty", "kl_coef"):
@@ -49,7 +53,7 @@ class SampleReward:
     truncated: bool
     kl: float = 0.0  # sum_t (logp - ref_logp) when shaping is on
     valid: bool = True
-    status: str = ""  # the verifier's verdict: correct | wrong | unreadable | gold_unusable | error
+    status: str = ""  # the verdict: correct | wrong | unreadable | gold_unusable | error | false_step
 
     @property
     def correct(self) -> bool:
@@ -81,9 +85,12 @@ class CompositeReward:
         overlong = soft_overlong(num_tokens, self.max_new_tokens, cfg.overlong_buffer, cfg.overlong_penalty)
         if verdict.reward is None:
             return SampleReward(0.0, 0.0, verdict.format_ok, overlong, truncated, valid=False, status=verdict.status)
-        total = (cfg.outcome_weight * verdict.reward + cfg.format_weight * float(verdict.format_ok) - overlong
+        outcome, status = verdict.reward, verdict.status
+        if cfg.step_check and outcome and false_steps(text):
+            outcome, status = 0.0, "false_step"
+        total = (cfg.outcome_weight * outcome + cfg.format_weight * float(verdict.format_ok) - overlong
                  - cfg.truncation_penalty * float(truncated))
-        return SampleReward(total, verdict.reward, verdict.format_ok, overlong, truncated, status=verdict.status)
+        return SampleReward(total, outcome, verdict.format_ok, overlong, truncated, status=status)
 
     @property
     def needs_reference(self) -> bool:

@@ -43,3 +43,12 @@ def test_clip_and_validation():
         group_advantages(torch.zeros(4))
     with pytest.raises(ValueError, match="constant"):
         AdvantageConfig(constant=0.0)
+
+
+def test_negative_scale_weights_only_the_negative_advantages():
+    r = torch.tensor([[1.0, 0.0, 0.0, 0.0]])  # Dr. GRPO: [.75, -.25, -.25, -.25]
+    a = group_advantages(r, AdvantageConfig(scale="none", negative_scale=0.2))
+    assert torch.allclose(a, torch.tensor([[0.75, -0.05, -0.05, -0.05]]))
+    assert group_advantages(r, AdvantageConfig(scale="none", negative_scale=0.0)).tolist() == [[0.75, 0.0, 0.0, 0.0]]
+    with pytest.raises(ValueError, match="negative_scale"):
+        AdvantageConfig(negative_scale=1.5)

@@ -44,3 +44,23 @@ def test_kl_shaping_subtracts_the_scaled_sequence_kl():
     assert r.needs_reference
     shaped = r.with_kl(r("\\boxed{7}", "7", 3, "stop"), seq_kl=1.5)
     assert shaped.total == pytest.approx(1.0 - 0.3) and shaped.kl == 1.5 and shaped.correct
+
+
+def test_step_check_withholds_the_outcome_of_a_lucky_answer():
+    lucky = " 6 * 4 = 30.\n30 + 7 = 31.\nThe answer is \\boxed{31}."  # right box, false first step
+    sound = " 6 * 4 = 24.\n24 + 7 = 31.\nThe answer is \\boxed{31}."
+    plain = CompositeReward(RewardConfig(), max_new_tokens=48)
+    checked = CompositeReward(RewardConfig(step_check=True), max_new_tokens=48)
+    assert plain(lucky, "31", 20, "stop").correct
+    gated = checked(lucky, "31", 20, "stop")
+    assert (gated.total, gated.correct, gated.status, gated.valid) == (0.0, False, "false_step", True)
+    assert checked(sound, "31", 20, "stop").total == 1.0
+    assert checked(" 6 * 4 = 30.\n\\boxed{30}", "31", 20, "stop").status == "wrong"  # wrong stays wrong
+
+
+def test_false_steps_reads_every_binary_equation():
+    from align.rl.step_check import false_steps
+
+    assert false_steps("3 + 4 = 7. 10 - 3 = 7. 2 * 5 = 10. 9 / 3 = 3. 2 x 3 = 6. 1.5 + 1.5 = 3") == 0
+    assert false_steps("3 + 4 = 8. 10 - 3 = 7. 4 / 0 = 1") == 2
+    assert false_steps("The answer is \\boxed{7}.") == 0

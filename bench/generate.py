@@ -20,7 +20,7 @@ is dropped before every timed run, as a weight update drops it: no prompt is eve
 Runs alternate (align, transformers, ...) so machine noise hits both; best and median of the repeats are printed, as
 ONE JSON line, with tokens per CPU-second of the process beside tokens per wall second. Usage:
 
-    .venv/bin/python bench/generate.py [--shapes tiny,small --loads b1,b16,grpo --variants float32,bfloat16
+    .venv/bin/python bench/generate.py [--shapes tiny,small --loads b1,b16,grpo --variants float32,bfloat16:onednn
                                         --repeats 3 --threads 1]
 """
 
@@ -132,7 +132,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="tiny,small")
     ap.add_argument("--loads", default="b1,b16,grpo")
-    ap.add_argument("--variants", default="float32,float32:onednn,bfloat16",
+    ap.add_argument("--variants", default="float32,float32:onednn,bfloat16,bfloat16:onednn",
                     help="dtype[:kernel], kernel = torch (default) or onednn")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)

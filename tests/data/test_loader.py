@@ -10,6 +10,7 @@ from align.data.loader import BatchLoader, LoaderConfig
 from align.data.order import epoch_order
 from align.data.store import ShardSet
 from align.exceptions import ArtifactError, ConfigError
+from loader_helpers import global_stream
 from loader_helpers import roundtrip as _roundtrip
 from loader_helpers import take as _take
 
@@ -29,17 +30,9 @@ def _index(mb: dict) -> list[int]:
     return mb[key].tolist()
 
 
-def _global_stream(shards, cfg, world, steps, seed=7) -> list[list[list[int]]]:
-    """Per step, the micro-batches in global position order (a * world + r), gathered from every rank."""
-    per_rank = [_take(BatchLoader(shards, cfg, seed, rank=r, world_size=world), steps) for r in range(world)]
-    stream = []
-    for s in range(steps):
-        step = [None] * (world * cfg.grad_accum)
-        for r in range(world):
-            for a, mb in enumerate(per_rank[r][s].micro_batches):
-                step[a * world + r] = _index(mb)
-        stream.append(step)
-    return stream
+def _global_stream(shards, cfg, world, steps) -> list[list[list[int]]]:
+    """Per step, the micro-batches' row indices in global position order, gathered from every rank."""
+    return global_stream(shards, cfg, world, steps, lambda rank, mb: _index(mb))
 
 
 @pytest.mark.parametrize("world,accum", [(1, 1), (2, 1), (3, 2), (4, 1), (2, 3)])

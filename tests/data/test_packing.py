@@ -12,6 +12,7 @@ from align.data.packing import pack, pack_ffd, pack_greedy
 from align.data.store import ShardSet
 from align.exceptions import ArtifactError, ConfigError
 from align.train.sft_loss import shift_labels
+from loader_helpers import global_stream
 from loader_helpers import roundtrip as _roundtrip
 from loader_helpers import take as _take
 
@@ -100,16 +101,9 @@ def test_packed_rows_layout_labels_and_boundaries(sft, packing):
     assert real == sft.manifest["tokens"]
 
 
-def _index_stream(shards, cfg, world, steps, seed=7):
-    per_rank = [_take(BatchLoader(shards, cfg, seed, rank=r, world_size=world), steps) for r in range(world)]
-    stream = []
-    for s in range(steps):
-        step = [None] * (world * cfg.grad_accum)
-        for r in range(world):
-            for a, mb in enumerate(per_rank[r][s].micro_batches):
-                step[a * world + r] = (r, mb["row_index"].tolist())
-        stream.append(step)
-    return stream
+def _index_stream(shards, cfg, world, steps):
+    """Per step, (rank, row indices) of every micro-batch in global position order."""
+    return global_stream(shards, cfg, world, steps, lambda rank, mb: (rank, mb["row_index"].tolist()))
 
 
 @pytest.mark.parametrize("world,accum", [(1, 1), (2, 1), (3, 2), (2, 3)])

@@ -19,9 +19,9 @@ Empty steps: a window with nothing to learn from (no loss token: every completio
 advantage 0 and no KL term: every group had zero reward variance after dynamic sampling's retries) is an explicit
 empty step: no optimizer update, no schedule tick, no weight push; the history row says `empty_step` 1 and why
 (`empty/no_loss_tokens`, `empty/zero_advantage`), and its loss is 0 (the objective of an empty set), not NaN.
-`optim_step` returns True for it, so the Trainer does NOT count it toward the non-finite skip cap: a rollout whose
-prompts are all solved or all hopeless is a fact about the data, not a fault (the Trainer's `applied` column reads
-1 there; `empty_step` is the truth about the update). A non-finite window is never empty: it stays a fault.
+`optim_step` returns `StepOutcome.EMPTY` for it, so the Trainer does NOT count it toward the non-finite skip cap (a
+rollout whose prompts are all solved or all hopeless is a fact about the data, not a fault) and logs `applied` 0 (no
+weight moved; the weight-stall probe does not count it). A non-finite window is never empty: it stays a fault.
 
 Health: `self.health` (align.rl.tripwires.GrpoHealth) keeps the tripwires' windows and latches; they are this
 module's extra state, so a resumed run remembers a collapsing reward."""
@@ -38,7 +38,8 @@ from align.rl.token_logprobs import completion_logprobs, completion_rows, head_i
 from align.rl.tripwires import GrpoHealth
 from align.train.grad_norm import global_grad_norm
 from align.train.schedulers import lr_multiplier
-from align.train.train_module import AccumInfo, LossOutput, StepMetrics, TrainModule, TrainModuleConfig
+from align.train.train_module import (AccumInfo, LossOutput, StepMetrics, StepOutcome, TrainModule,
+                                      TrainModuleConfig)
 from align.utils.dist import all_reduce_sum
 
 RATIO_KEYS = ("ratio_sum", "clip_low", "clip_high", "rho_abs_log_sum", "rho_capped", "rho_outliers")
@@ -211,19 +212,19 @@ class GrpoTrainModule(TrainModule):
             return "zero_advantage"
         return None
 
-    def optim_step(self) -> bool:
+    def optim_step(self) -> StepOutcome:
         self.empty_reason = self._empty()
         if self.empty_reason is None:
-            applied = super().optim_step()
-            if applied:
+            outcome = super().optim_step()
+            if outcome is StepOutcome.APPLIED:
                 self.push_weights()
-            return applied
+            return outcome
         # NOTE: no optimizer.step(): AdamW would still move the weights on momentum (and weight decay) with a zero
         # gradient, and the schedule and the policy version would tick for a step that learned nothing.
         params = [p for p in self.model.parameters() if p.requires_grad]
         mult = lr_multiplier(self.cfg.scheduler, self.step, self.total_steps)
         self.last = {"grad_norm": global_grad_norm(params), "lr": self.cfg.optimizer.lr * mult, "clip_coef": 1.0}
-        return True
+        return StepOutcome.EMPTY
 
     def zero_grads(self) -> None:
         super().zero_grads()

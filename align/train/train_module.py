@@ -24,6 +24,7 @@ all-reduced quantity (grad_norm.global_grad_norm), so it is identical on every r
 
 from __future__ import annotations
 
+import enum
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -62,6 +63,16 @@ class LossOutput:
 class StepMetrics:
     sums: dict[str, torch.Tensor]  # this micro-batch's detached statistics (0-dim tensors, not yet synced)
     nonfinite: torch.Tensor  # 0-dim bool: the loss was NaN or inf
+
+
+class StepOutcome(enum.Enum):
+    """What `optim_step` did at a boundary. The Trainer counts SKIPPED towards the skip caps (exit 81); EMPTY is
+    not a fault (the window held nothing to learn from, e.g. a GRPO batch of zero advantages) but, like SKIPPED,
+    moves no weight: the history's `applied` column is 1 only for APPLIED (the weight-stall probe reads it)."""
+
+    APPLIED = "applied"
+    SKIPPED = "skipped"  # non-finite gradients or loss on some rank
+    EMPTY = "empty"
 
 
 @dataclass(frozen=True)
@@ -120,21 +131,21 @@ class TrainModule:
         self._window_bad |= nonfinite
         return StepMetrics(sums={k: v.detach() for k, v in out.sums.items()}, nonfinite=nonfinite)
 
-    def optim_step(self) -> bool:
-        """Clip and step, or skip (return False) when the gradients or any rank's window loss are non-finite."""
+    def optim_step(self) -> StepOutcome:
+        """Clip and step (APPLIED), or skip (SKIPPED) when the gradients or any rank's window loss are non-finite."""
         params = [p for p in self.model.parameters() if p.requires_grad]
         norm = global_grad_norm(params, local_nonfinite=bool(self._window_bad))
         mult = lr_multiplier(self.cfg.scheduler, self.step, self.total_steps)
         self.last = {"grad_norm": norm, "lr": self.cfg.optimizer.lr * mult, "clip_coef": 1.0}
         if not math.isfinite(norm):
-            return False
+            return StepOutcome.SKIPPED
         if self.cfg.optimizer.max_grad_norm is not None:
             self.last["clip_coef"] = clip_grads_(params, norm, self.cfg.optimizer.max_grad_norm)
         for group in self.optimizer.param_groups:
             group["lr"] = group["base_lr"] * mult
         self.optimizer.step()
         self.step += 1
-        return True
+        return StepOutcome.APPLIED
 
     def zero_grads(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)

@@ -6,7 +6,7 @@ One optimizer-step boundary, on every rank, in this order (each collective is re
     1. next window from the loader (a StepBatch's `micro_batches`, or a list of batch dicts)
     2. SUM-reduce [this window's loss units, data exhausted]   -> the normalisation denominator; stop together
     3. module.train_batch(micro, AccumInfo) per micro-batch    (gradient sync on the last one only)
-    4. module.optim_step() -> applied; module.zero_grads()     (skip decided from an all-reduced norm)
+    4. module.optim_step() -> StepOutcome; module.zero_grads()     (skip decided from an all-reduced norm)
     5. SUM-reduce the window's statistics                     -> the logged metrics (global)
     6. callbacks observe (speed, tripwires: rank-local halt reasons)
     7. MAX-reduce [signalled, wall_spent, nonfinite, skipped, tripwire]   (align.train.control.agree)
@@ -43,7 +43,7 @@ from align.train.callbacks import Callback
 from align.train.control import Flags, SkipTracker, StopSignals, agree, agreed_reason, halt_together
 from align.train.identity import identity_difference
 from align.train.rng import capture_rng_state, restore_rng_state
-from align.train.train_module import AccumInfo, TrainModule
+from align.train.train_module import AccumInfo, StepOutcome, TrainModule
 from align.utils.dist import all_gather_object, all_reduce_sum, broadcast_object, is_rank0, pg_timeout_s, rank, \
     set_pg_timeout, world_size
 from align.utils.tracking import MetricsHistory
@@ -123,7 +123,8 @@ class Trainer:
             metrics = self._window_metrics(local)
             reasons = [r for cb in self.callbacks if (r := cb.observe(self, metrics)) is not None]
             wall = self.cfg.max_wall_seconds is not None and time.monotonic() - start > self.cfg.max_wall_seconds
-            flags = agree(Flags(signals.signum, wall, local["nonfinite"], not local["applied"], bool(reasons)))
+            skipped = local["outcome"] is StepOutcome.SKIPPED
+            flags = agree(Flags(signals.signum, wall, local["nonfinite"], skipped, bool(reasons)))
             self.skips.record(flags)
             metrics["skipped_total"] = float(self.skips.bad)
             self.history.log(self.step, metrics)
@@ -157,11 +158,11 @@ class Trainer:
             for k, v in out.sums.items():
                 sums[k] = sums[k] + v if k in sums else v
             nonfinite = nonfinite | out.nonfinite.cpu()
-        applied = self.module.optim_step()
+        outcome = self.module.optim_step()
         self.module.zero_grads()
         self.step += 1
         self.micro_step += len(window)
-        return {"sums": sums, "nonfinite": bool(nonfinite), "applied": applied}
+        return {"sums": sums, "nonfinite": bool(nonfinite), "outcome": outcome}
 
     def _window_metrics(self, local: dict) -> dict:
         """Global window statistics (SUM over ranks) turned into logged numbers by the module."""
@@ -170,7 +171,7 @@ class Trainer:
         totals = all_reduce_sum(values).tolist()
         metrics = self.module.log_metrics(dict(zip(keys, totals)))
         metrics.update({k: float(v) for k, v in self.module.last.items()})
-        metrics["applied"] = float(local["applied"])
+        metrics["applied"] = float(local["outcome"] is StepOutcome.APPLIED)
         metrics["step"] = self.step
         return metrics
 

@@ -18,7 +18,7 @@ from align.train.dpo_module import DpoTrainModule, model_scorer, preference_eval
 from align.train.ref_cache import cached_preference_accuracy
 from align.train.optim import OptimizerConfig
 from align.train.ref_cache import RefCacheKey, build_ref_cache
-from align.train.train_module import AccumInfo, TrainModuleConfig
+from align.train.train_module import AccumInfo, StepOutcome, TrainModuleConfig
 
 CFG = MistralConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                     num_key_value_heads=2, max_position_embeddings=128, rope_theta=10000.0, pad_token_id=0)
@@ -124,7 +124,7 @@ def test_training_raises_reward_accuracy_and_eval_reports_it(tmp_path):
     for step in range(12):
         module.zero_grads()
         module.train_batch(batches[step % 2], AccumInfo(0, 1, 4.0, 1))
-        assert module.optim_step()
+        assert module.optim_step() is StepOutcome.APPLIED
     after = preference_eval(model_scorer(model, 8), batches, beta=0.1, ref_cache=cache)
     assert after["reward_accuracy"] == 1.0 and after["reward_margin"] > 0.1
     assert preference_eval(module.score, batches, beta=0.1, ref_cache=cache) == after  # through the wrapped unit

@@ -8,7 +8,7 @@ import torch
 from align.eval.verifier import RewardResult
 from align.rl.grpo_loss import GrpoLossConfig
 from align.rl.stage_config import DynamicSamplingConfig, RolloutShape
-from align.train.train_module import AccumInfo
+from align.train.train_module import AccumInfo, StepOutcome
 from align.train.trainer import Trainer, TrainerConfig
 from align.utils.tracking import read_history
 from rl_fixtures import make_client, make_module, make_source, tiny_model
@@ -21,14 +21,14 @@ def never_right(text: str, gold: str) -> RewardResult:
     return RewardResult(0.0, True, text, "wrong")  # every group all wrong: zero reward variance everywhere
 
 
-def train_window(module, window, edit=None) -> bool:
+def train_window(module, window, edit=None) -> StepOutcome:
     window = [dict(mb, **(edit(mb) if edit else {})) for mb in window]
     units = sum(module.loss_units(mb) for mb in window)
     for i, mb in enumerate(window):
         module.train_batch(mb, AccumInfo(i, len(window), units, 1))
-    applied = module.optim_step()
+    outcome = module.optim_step()
     module.zero_grads()
-    return applied
+    return outcome
 
 
 def setup(loss=GrpoLossConfig()):
@@ -44,10 +44,10 @@ def weights(module):
 
 def test_zero_advantage_window_takes_no_step_even_with_adam_momentum():
     module, client, it = setup()
-    assert train_window(module, next(it)) and module.step == 1  # a real step: AdamW now carries momentum
+    assert train_window(module, next(it)) is StepOutcome.APPLIED and module.step == 1  # a real step: AdamW now carries momentum
     before, state = weights(module), {k: v.clone() for k, v in module.optimizer.state_dict()["state"][0].items()}
     zero = lambda mb: {"advantages": torch.zeros_like(mb["advantages"])}  # noqa: E731
-    assert train_window(module, next(it), zero)  # not a fault
+    assert train_window(module, next(it), zero) is StepOutcome.EMPTY  # not a fault
     assert module.empty_reason == "zero_advantage" and module.step == 1 == client.weight_version
     for name, p in module.model.named_parameters():
         assert torch.equal(p, before[name]), name  # a zero-gradient AdamW step would have moved them
@@ -61,7 +61,7 @@ def test_zero_advantage_window_takes_no_step_even_with_adam_momentum():
 def test_window_without_loss_tokens_is_empty_not_nan():
     module, client, it = setup()
     masked = lambda mb: {"loss_mask": torch.zeros_like(mb["loss_mask"])}  # noqa: E731  every completion cut
-    assert train_window(module, next(it), masked)
+    assert train_window(module, next(it), masked) is StepOutcome.EMPTY
     assert module.empty_reason == "no_loss_tokens" and module.step == 0 == client.weight_version
     logged = module.log_metrics({"loss_sum": 0.0, "units": 0.0, "seqs": 16.0})
     assert logged["loss"] == 0.0 and logged["empty/no_loss_tokens"] == 1.0
@@ -73,7 +73,7 @@ def test_kl_term_keeps_a_zero_advantage_window_live():
     def edit(mb):
         return {"advantages": torch.zeros_like(mb["advantages"]), "ref_logprobs": mb["rollout_logprobs"] - 0.5}
 
-    assert train_window(module, next(it), edit)
+    assert train_window(module, next(it), edit) is StepOutcome.APPLIED
     assert module.empty_reason is None and module.step == 1 == client.weight_version
 
 
@@ -88,6 +88,7 @@ def test_a_run_of_empty_steps_is_logged_and_not_counted_as_skips(tmp_path):
     assert Trainer(cfg, module, source, tmp_path / "run").fit() == 0
     rows = read_history(tmp_path / "run" / "history.jsonl")
     assert [r["empty_step"] for r in rows] == [1.0] * 6
+    assert [r["applied"] for r in rows] == [0.0] * 6  # no weight moved: the stall probe must not count them
     assert all(r["empty/zero_advantage"] == 1.0 and r["skipped_total"] == 0.0 for r in rows)
     assert all(r["loss"] == 0.0 and math.isfinite(r["grad_norm"]) for r in rows)
     assert all(r["rollout/groups_zero_var"] >= 4 for r in rows)  # dynamic sampling tried, and found nothing

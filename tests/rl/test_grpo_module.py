@@ -9,7 +9,7 @@ import torch
 from align.rl.grpo_loss import GrpoLossConfig
 from align.rl.stage_config import RolloutShape
 from align.rl.token_logprobs import completion_logprobs
-from align.train.train_module import AccumInfo
+from align.train.train_module import AccumInfo, StepOutcome
 from align.train.trainer import Trainer, TrainerConfig
 from rl_fixtures import make_client, make_module, make_source, tiny_model
 
@@ -56,12 +56,12 @@ def test_weights_reach_the_sampler_after_each_applied_step():
     units = sum(module.loss_units(mb) for mb in window)
     for i, mb in enumerate(window):
         module.train_batch(mb, AccumInfo(i, len(window), units, 1))
-    assert module.optim_step() and module.version == 1 == client.weight_version
+    assert module.optim_step() is StepOutcome.APPLIED and module.version == 1 == client.weight_version
     for (name, p), (_, q) in zip(module.model.named_parameters(), engine.named_parameters()):
         assert torch.equal(p, q), name
     module.zero_grads()
     module._window_bad.fill_(True)  # a non-finite window: the step is skipped and nothing is pushed
-    assert not module.optim_step() and client.weight_version == 1
+    assert module.optim_step() is StepOutcome.SKIPPED and client.weight_version == 1
 
 
 def test_health_state_round_trips_through_extra_state():

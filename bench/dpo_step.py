@@ -116,8 +116,7 @@ def side_align(args) -> dict:
 
 def side_trl(args) -> dict:
     import torch
-    from transformers import TrainerCallback
-
+    from trl_clock import StepClock
     from trl_fixtures import dpo_trainer, preference_texts, tiny_hf_mistral
 
     base = _rss_mb()
@@ -132,22 +131,11 @@ def side_trl(args) -> dict:
     lengths = {len(trainer.train_dataset[0][k]) for k in ("chosen_ids", "rejected_ids")}
     assert len(trainer.train_dataset[0]["prompt_ids"]) == PROMPT and lengths == {COMPLETION}, lengths
 
-    class Timer(TrainerCallback):
-        times: list = []
-        cpu: list = []
-
-        def on_step_begin(self, *a, **k):
-            self.t0, self.c0 = time.perf_counter(), time.process_time()
-
-        def on_step_end(self, *a, **k):
-            self.times.append(time.perf_counter() - self.t0)
-            self.cpu.append(time.process_time() - self.c0)
-
-    timer = Timer()
+    timer = StepClock()
     trainer.add_callback(timer)
     torch.manual_seed(0)
     trainer.train()
-    return _result(timer.times[args.warmup:], timer.cpu[args.warmup:], base)
+    return _result(timer.wall[args.warmup:], timer.cpu[args.warmup:], base)
 
 
 def _result(times: list[float], cpu: list[float], base_rss: float) -> dict:

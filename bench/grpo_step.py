@@ -108,8 +108,10 @@ def run_align(args, old_logprobs: str, engine_dtype: str = "float32", head_dtype
 def run_trl(args) -> dict:
     import torch
     from datasets import Dataset
-    from transformers import MistralConfig, MistralForCausalLM, PreTrainedTokenizerFast, TrainerCallback
+    from transformers import MistralConfig, MistralForCausalLM, PreTrainedTokenizerFast
     from trl import GRPOConfig, GRPOTrainer
+
+    from trl_clock import StepClock
 
     from align.eval.verifier import score
 
@@ -135,18 +137,7 @@ def run_trl(args) -> dict:
     def reward(completions, answer, **_):
         return [float(score(c, a).reward or 0.0) for c, a in zip(completions, answer)]
 
-    class Clock(TrainerCallback):
-        def __init__(self):
-            self.begin, self.cpu_begin, self.steps, self.cpu = 0.0, 0.0, [], []
-
-        def on_step_begin(self, *a, **k):
-            self.begin, self.cpu_begin = time.perf_counter(), time.process_time()
-
-        def on_step_end(self, *a, **k):
-            self.steps.append(time.perf_counter() - self.begin)
-            self.cpu.append(time.process_time() - self.cpu_begin)
-
-    clock = Clock()
+    clock = StepClock()
     with tempfile.TemporaryDirectory() as out:
         cfg = GRPOConfig(output_dir=out, per_device_train_batch_size=P * G, num_generations=G,
                          max_completion_length=NEW, learning_rate=1e-6, max_steps=args.warmup + args.steps,
@@ -158,7 +149,7 @@ def run_trl(args) -> dict:
         trainer.train()
         lengths = [h.get("completions/mean_length") for h in trainer.state.log_history]
     w = args.warmup
-    return summary(clock.steps[w:], clock.cpu[w:], gen_times[w:], [int((x or 0) * P * G) for x in lengths[w:]])
+    return summary(clock.wall[w:], clock.cpu[w:], gen_times[w:], [int((x or 0) * P * G) for x in lengths[w:]])
 
 
 def child(args) -> None:

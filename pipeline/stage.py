@@ -15,7 +15,7 @@ from typing import Callable, Iterable, Sequence
 from pipeline.layout import Layout, StageCtx
 
 # The ladder, in build order; `doit list` shows the tasks in this order. `smoke` is the aggregate (pipeline/smoke.py).
-LADDER = ("ingest", "shards", "sft_checkpoint", "ref_cache", "dpo_checkpoint", "grpo_checkpoint", "golden_eval")
+LADDER = ("ingest", "shards", "sft_checkpoint", "onpolicy_pairs", "ref_cache", "dpo_checkpoint", "grpo_checkpoint", "golden_eval")
 SMOKE = "smoke"
 
 
@@ -45,8 +45,11 @@ class StageSpec:
     code: tuple[str, ...] = ()  # modules beyond the worker whose import closure joins the code digest
     variants: Callable[[Layout], Sequence[str]] | None = None  # subtasks `name:<variant>`, e.g. one per source
     args: Callable[[StageCtx], Sequence[str]] = _no_args  # extra `table.key=value` overrides for the worker
+    optional: bool = False  # a profile without the stage's config file has no task for it (not an error)
 
     def contexts(self, layout: Layout) -> list[StageCtx]:
+        if self.optional and self.variants is None and not self.config_path(StageCtx(layout, self.name)).is_file():
+            return []
         if self.variants is None:
             return [StageCtx(layout, self.name)]
         return [StageCtx(layout, self.name, v) for v in self.variants(layout)]

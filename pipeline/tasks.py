@@ -76,15 +76,17 @@ def task_name(task: dict) -> str:
 
 def blocked_tasks(tasks: Sequence[dict]) -> dict[str, str]:
     """{task: missing input} for tasks that cannot run because an input neither exists nor is produced by a runnable
-    task (its producing stage is not declared yet). Tasks come in ladder order, so producers come first."""
+    task (its producing stage is not declared yet). Passes until nothing changes: a producer may come later in
+    ladder order (`shards:<split>` of `onpolicy_pairs/out` is listed before the stage that publishes it)."""
+    pending = [t for t in tasks if "actions" in t]  # skips the doc-only group task of a stage with variants
     produced: set[str] = set()
-    blocked: dict[str, str] = {}
-    for task in tasks:
-        if "actions" not in task:
-            continue  # the doc-only group task of a stage with variants
-        missing = [dep for dep in task.get("file_dep", ()) if dep not in produced and not Path(dep).exists()]
-        if missing:
-            blocked[task_name(task)] = missing[0]
-        else:
+    while True:
+        runnable = [t for t in pending
+                    if all(dep in produced or Path(dep).exists() for dep in t.get("file_dep", ()))]
+        if not runnable:
+            break
+        for task in runnable:
             produced.update(task.get("targets", ()))
-    return blocked
+        pending = [t for t in pending if t not in runnable]
+    return {task_name(t): next(dep for dep in t.get("file_dep", ()) if dep not in produced and not Path(dep).exists())
+            for t in pending}

@@ -57,6 +57,7 @@ class Decoded:
     token_ids: tuple[int, ...]  # generated tokens, the stop token included when one ended the response
     text: str  # decoded response, special tokens dropped
     finish_reason: str
+    model_logprob: float = 0.0  # sum of the untempered model's log-probs of token_ids
 
 
 def load_problems(shards: ShardSet, limit: int = 0) -> list[Problem]:
@@ -86,7 +87,8 @@ def decode(engine: Engine, tokenizer, problems: Sequence[Problem], params: Sampl
             raise RuntimeError(f"eval row {problems[req.request_id[0]].row}: the engine refused it: {res.error}")
         problem = problems[req.request_id[0]]
         text = tokenizer.decode(res.token_ids, skip_special_tokens=True)
-        out.append(Decoded(problem, req.request_id[1], tuple(res.token_ids), text, res.finish_reason))
+        out.append(Decoded(problem, req.request_id[1], tuple(res.token_ids), text, res.finish_reason,
+                           float(sum(res.model_logprobs))))
     return out
 
 

@@ -2,7 +2,8 @@
 
     python -m align.stages.shards --config configs/tiny/shards.toml split=sft
 
-Reads `<runs>/ingest/<source>/out/` (the split's source, from `[splits]`), publishes `<run_dir>/out/` (kind
+Reads `<runs>/ingest/<source>/out/` (the split's source, from `[splits]`; a source with a "/" is a records
+directory under `<runs>`, such as `onpolicy_pairs/out`), publishes `<run_dir>/out/` (kind
 "token_shards") and `<run_dir>/metrics.json` (rows, tokens, loss tokens, dropped). `<runs>` is $ALIGN_RUNS_DIR under
 the pipeline, else runs/tiny."""
 
@@ -26,8 +27,14 @@ METRIC_KEYS = ("rows", "sequences", "tokens", "loss_tokens", "dropped_too_long",
 class ShardsStageConfig:
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     build: ShardBuildConfig = field(default_factory=ShardBuildConfig)
-    splits: dict[str, str] = field(default_factory=dict)  # split name -> ingest source name
+    splits: dict[str, str] = field(default_factory=dict)  # split name -> ingest source name, or a records dir (below)
     split: str = ""  # the one this run builds (the pipeline passes `split=<name>`)
+
+
+def records_dir(runs: Path, source: str) -> Path:
+    """Where a split's records are: `<runs>/ingest/<source>/out` for an ingest source name, or `<runs>/<source>`
+    when the source is a path (it holds a "/"), e.g. `onpolicy_pairs/out`, the records another stage published."""
+    return runs / source if "/" in source else runs / "ingest" / source / "out"
 
 
 def main() -> int:
@@ -38,7 +45,7 @@ def main() -> int:
     runs = Path(os.environ.get("ALIGN_RUNS_DIR", "runs/tiny"))
     run_dir = run_dir_from_env(runs / "shards" / cfg.split)
     write_resolved_config(cfg, run_dir)
-    records = runs / "ingest" / cfg.splits[cfg.split] / "out"
+    records = records_dir(runs, cfg.splits[cfg.split])
     manifest = build_shards(records, run_dir / "out", cfg.tokenizer, cfg.build)
     atomic_write_json(run_dir / "metrics.json", {k: manifest[k] for k in METRIC_KEYS})
     print(f"shards:{cfg.split}: {manifest['rows']} rows, {manifest['tokens']} tokens in "

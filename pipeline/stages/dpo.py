@@ -7,15 +7,13 @@ from pathlib import Path
 
 from pipeline.layout import StageCtx
 from pipeline.stage import StageSpec
-from pipeline.stages.ingest import stage_table
+from pipeline.stages.ingest import table_manifests
 
 DEFAULTS = {"reference": "sft_checkpoint/final", "pairs": "shards/preference/out", "ref_cache": "ref_cache/preference"}
 
 
 def _inputs(ctx: StageCtx) -> list[Path]:
-    data = stage_table(ctx.layout, "dpo.toml", "data")
-    paths = [data.get(k, v) if isinstance(data.get(k, v), str) else v for k, v in DEFAULTS.items()]
-    return [ctx.layout.runs / p / "manifest.json" for p in paths]
+    return table_manifests(ctx.layout, "dpo.toml", "data", DEFAULTS)
 
 
 STAGE = StageSpec(

@@ -20,6 +20,14 @@ def stage_table(layout: Layout, config: str, table: str) -> dict:
     return value if isinstance(value, dict) else {}
 
 
+def table_manifests(layout: Layout, config: str, table: str, defaults: dict[str, str]) -> list[Path]:
+    """The manifests of the artifacts a config table names (paths relative to runs/<profile>), in `defaults` order;
+    a key that is absent or not a string falls back to its default."""
+    data = stage_table(layout, config, table)
+    paths = [data[k] if isinstance(data.get(k), str) else v for k, v in defaults.items()]
+    return [layout.runs / p / "manifest.json" for p in paths]
+
+
 def _source_path(ctx: StageCtx) -> list[Path]:
     source = stage_table(ctx.layout, "ingest.toml", "sources").get(ctx.variant, {})
     return [ctx.layout.root / source["path"]] if isinstance(source, dict) and "path" in source else []

@@ -1,9 +1,11 @@
-"""shards:<split>: one task per entry of `[splits]` in configs/<profile>/shards.toml (split -> ingest source)."""
+"""shards:<split>: one task per entry of `[splits]` in configs/<profile>/shards.toml (split -> ingest source, or a
+records directory under runs/<profile> such as `onpolicy_pairs/out`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from align.stages.shards import records_dir
 from align.tokenizer.tokenizer import resolve_tokenizer_dir
 from pipeline.layout import StageCtx
 from pipeline.stage import StageSpec
@@ -18,7 +20,7 @@ def _inputs(ctx: StageCtx) -> list[Path]:
         tokenizer_dir = ctx.layout.root / tokenizer_dir
     deps = [tokenizer_dir / "tokenizer.json"]
     if isinstance(source, str):
-        deps.append(ctx.stage_dir("ingest", source) / "out" / "manifest.json")
+        deps.append(records_dir(ctx.layout.runs, source) / "manifest.json")
     return deps
 
 

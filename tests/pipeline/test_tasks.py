@@ -7,7 +7,7 @@ import pytest
 from pipeline.launcher import execute
 from pipeline.layout import Layout, Project
 from pipeline.stage import LADDER, StageSpec, discover, order_stages
-from pipeline.tasks import doit_config, ladder_tasks
+from pipeline.tasks import blocked_tasks, doit_config, ladder_tasks
 
 
 @pytest.fixture
@@ -79,3 +79,24 @@ def test_doit_config_keeps_state_under_runs(project):
     cfg = doit_config(project, "p")
     assert cfg["backend"] == "sqlite3" and cfg["check_file_uptodate"] == "md5"
     assert Path(cfg["dep_file"]) == Layout(project, "p").runs / ".doit.sqlite3"
+
+
+def test_optional_stage_without_its_config_has_no_task(project):
+    spec = _spec(name="onpolicy_pairs", config="onpolicy_pairs.toml", optional=True)
+    assert list(ladder_tasks(project, "p", [spec])) == []
+    (project.root / "configs" / "p" / "onpolicy_pairs.toml").write_text("")
+    assert [t["basename"] for t in ladder_tasks(project, "p", [spec])] == ["onpolicy_pairs"]
+
+
+def test_blocked_tasks_follow_producers_listed_later(tmp_path):
+    """shards:preference reads onpolicy_pairs/out, whose stage comes later in ladder order: not blocked."""
+    def task(name, deps, targets):
+        return {"basename": name, "actions": [], "file_dep": [str(tmp_path / d) for d in deps],
+                "targets": [str(tmp_path / t) for t in targets]}
+    (tmp_path / "raw").write_text("")
+    tasks = [task("shards", ["onpolicy/m"], ["shards/m"]), task("sft", ["raw"], ["sft/m"]),
+             task("onpolicy", ["sft/m"], ["onpolicy/m"]), task("dpo", ["shards/m", "nowhere/m"], ["dpo/m"])]
+    assert blocked_tasks(tasks) == {"dpo": str(tmp_path / "nowhere/m")}
+    assert blocked_tasks(tasks[:3] + [task("dpo", ["shards/m"], ["dpo/m"])]) == {}
+    assert blocked_tasks([task("a", ["b/m"], ["a/m"]), task("b", ["a/m"], ["b/m"])]) == {
+        "a": str(tmp_path / "b/m"), "b": str(tmp_path / "a/m")}  # a cycle is never runnable

@@ -6,8 +6,9 @@ edit reruns exactly the stages that depend on it.
   (b) the GRPO loss code (align/rl/grpo_loss.py) -> grpo_checkpoint and golden_eval:grpo only
   (c) a parquet file's mtime, bytes unchanged  -> nothing (doit's md5 checker)
   (d) a parquet file's content (one SFT row)   -> every stage downstream of it: its ingest and shards, and every
-                                                 checkpoint rung, cache and eval (the other sources' ingest/shards,
-                                                 whose bytes did not change, stay)
+                                                 checkpoint rung, cache and eval, the on-policy pairs and their
+                                                 shards (the other sources' ingest/shards, whose bytes did not change,
+                                                 stay)
 
 A rerun must really redo the work: each rerun training stage trains from step 1 (not a resume of the previous run's
 final checkpoint), and the DPO policy trained with the new beta differs from the old one.
@@ -96,7 +97,10 @@ def test_a_parquet_content_change_reruns_everything_downstream(built):
     before = {stage: content_hash(built, stage) for stage in chain}
     res = doit(built)
     assert res.returncode == 0, res.output[-4000:]
-    assert sorted(res.ran) == sorted(["ingest:math_sft", "shards:sft", *RUNGS, *EVALS])
+    # the new SFT policy samples new on-policy pairs (their manifest names the policy), so the preference shards
+    # are rebuilt too
+    assert sorted(res.ran) == sorted(["ingest:math_sft", "shards:sft", "onpolicy_pairs", "shards:preference", *RUNGS,
+                                      *EVALS])
     assert retrained(built, "sft_checkpoint") and content_hash(built, "sft_checkpoint") != before["sft_checkpoint"]
     # A rung whose inputs' content changed trains afresh; one whose inputs are bytewise the same as last time
     # (possible further down) may resume its finished run: that is the run identity (align.train.identity).

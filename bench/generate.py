@@ -103,9 +103,12 @@ def summarise(result: dict, key: str, rates: dict) -> None:
         result[f"{key}_speedup_cpu_median"] = round(med["align_cpu"] / med["transformers_cpu"], 2)
 
 
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
 def bench_variant(result: dict, shape: str, variant: str, args) -> None:
     dtype_name, _, kernel = variant.partition(":")
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype_name]
+    dtype = DTYPES[dtype_name]
     torch.manual_seed(0)
     model = MistralForCausalLM(SHAPES[shape]).eval()
     twin = None if args.no_hf else build_hf(model)
@@ -139,6 +142,11 @@ def main() -> None:
     ap.add_argument("--no-hf", action="store_true", help="skip transformers even when installed")
     ap.add_argument("--no-batch-invariant", action="store_true", help="EngineConfig.batch_invariant=False")
     args = ap.parse_args()
+    for variant in args.variants.split(","):  # refuse a misspelt variant before minutes of timing, not after
+        dtype_name, _, kernel = variant.partition(":")
+        if dtype_name not in DTYPES or kernel not in ("", "torch", "onednn"):
+            ap.error(f"--variants: {variant!r} is not dtype[:kernel] with dtype one of {', '.join(DTYPES)} and "
+                     f"kernel torch or onednn")
     torch.set_num_threads(args.threads)
     result = {"bench": "generate", "what": "generated tokens/s (wall, prefill included)",
               "prompt_len": PROMPT_LEN, "threads": args.threads, "repeats": args.repeats,

@@ -42,6 +42,7 @@ from model_forward import build_hf  # noqa: E402  (the transformers twin with th
 
 from align.inference import EngineConfig, SamplingParams  # noqa: E402
 from align.model import MistralConfig, MistralForCausalLM  # noqa: E402
+from align.model.checkpoint import DTYPES  # noqa: E402
 from align.rollout import RolloutRequest  # noqa: E402
 from align.rollout.native import NativeRolloutClient  # noqa: E402
 
@@ -103,12 +104,17 @@ def summarise(result: dict, key: str, rates: dict) -> None:
         result[f"{key}_speedup_cpu_median"] = round(med["align_cpu"] / med["transformers_cpu"], 2)
 
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+def parse_variant(variant: str) -> tuple[torch.dtype, str]:
+    """`dtype[:kernel]` -> (torch dtype, kernel name; "" = the default)."""
+    dtype_name, _, kernel = variant.partition(":")
+    if dtype_name not in DTYPES or kernel not in ("", "torch", "onednn"):
+        raise ValueError(f"{variant!r} is not dtype[:kernel] with dtype one of {', '.join(DTYPES)} and kernel torch "
+                         f"or onednn")
+    return DTYPES[dtype_name], kernel
 
 
 def bench_variant(result: dict, shape: str, variant: str, args) -> None:
-    dtype_name, _, kernel = variant.partition(":")
-    dtype = DTYPES[dtype_name]
+    dtype, kernel = parse_variant(variant)
     torch.manual_seed(0)
     model = MistralForCausalLM(SHAPES[shape]).eval()
     twin = None if args.no_hf else build_hf(model)
@@ -143,10 +149,10 @@ def main() -> None:
     ap.add_argument("--no-batch-invariant", action="store_true", help="EngineConfig.batch_invariant=False")
     args = ap.parse_args()
     for variant in args.variants.split(","):  # refuse a misspelt variant before minutes of timing, not after
-        dtype_name, _, kernel = variant.partition(":")
-        if dtype_name not in DTYPES or kernel not in ("", "torch", "onednn"):
-            ap.error(f"--variants: {variant!r} is not dtype[:kernel] with dtype one of {', '.join(DTYPES)} and "
-                     f"kernel torch or onednn")
+        try:
+            parse_variant(variant)
+        except ValueError as exc:
+            ap.error(f"--variants: {exc}")
     torch.set_num_threads(args.threads)
     result = {"bench": "generate", "what": "generated tokens/s (wall, prefill included)",
               "prompt_len": PROMPT_LEN, "threads": args.threads, "repeats": args.repeats,

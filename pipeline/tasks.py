@@ -79,14 +79,14 @@ def blocked_tasks(tasks: Sequence[dict]) -> dict[str, str]:
     task (its producing stage is not declared yet). Passes until nothing changes: a producer may come later in
     ladder order (`shards:<split>` of `onpolicy_pairs/out` is listed before the stage that publishes it)."""
     pending = [t for t in tasks if "actions" in t]  # skips the doc-only group task of a stage with variants
-    produced: set[str] = set()
+    deps = {dep for t in pending for dep in t.get("file_dep", ())}
+    available = {dep for dep in deps if Path(dep).exists()}  # one stat per input, not one per pass
     while True:
-        runnable = [t for t in pending
-                    if all(dep in produced or Path(dep).exists() for dep in t.get("file_dep", ()))]
-        if not runnable:
+        ready = [all(dep in available for dep in t.get("file_dep", ())) for t in pending]
+        if not any(ready):
             break
-        for task in runnable:
-            produced.update(task.get("targets", ()))
-        pending = [t for t in pending if t not in runnable]
-    return {task_name(t): next(dep for dep in t.get("file_dep", ()) if dep not in produced and not Path(dep).exists())
-            for t in pending}
+        for task, ok in zip(pending, ready):
+            if ok:
+                available.update(task.get("targets", ()))
+        pending = [t for t, ok in zip(pending, ready) if not ok]
+    return {task_name(t): next(dep for dep in t.get("file_dep", ()) if dep not in available) for t in pending}

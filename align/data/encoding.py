@@ -15,7 +15,7 @@ from typing import Literal
 
 import numpy as np
 
-from align.data.schema import Conversation, Message, OutcomePrompt, PreferencePair, Record
+from align.data.schema import Conversation, OutcomePrompt, PreferencePair, Record, messages_plain
 
 SEQS_PER_ROW = {"sft": 1, "pairs": 2, "prompts": 1}
 
@@ -41,22 +41,18 @@ class Encoded:
     truncated: bool = False
 
 
-def _plain(messages: tuple[Message, ...]) -> list[dict]:
-    return [{"role": m.role, "content": m.content} for m in messages]
-
-
 def _sequences(tokenizer, record: Record) -> list[tuple[list[int], list[int]]]:
     if isinstance(record, Conversation):
-        enc = tokenizer.encode_chat(_plain(record.messages))
+        enc = tokenizer.encode_chat(messages_plain(record.messages))
         return [(enc.ids, enc.loss_mask)]
     if isinstance(record, PreferencePair):
         out = []
         for reply in (record.chosen, record.rejected):
-            enc = tokenizer.encode_chat(_plain(record.prompt) + [{"role": "assistant", "content": reply}])
+            enc = tokenizer.encode_chat(messages_plain(record.prompt) + [{"role": "assistant", "content": reply}])
             out.append((enc.ids, enc.loss_mask))
         return out
     if isinstance(record, OutcomePrompt):
-        ids = tokenizer.encode_prompt(_plain(record.prompt))
+        ids = tokenizer.encode_prompt(messages_plain(record.prompt))
         return [(ids, [0] * len(ids))]
     raise TypeError(f"not a record: {type(record).__name__}")
 

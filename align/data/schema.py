@@ -120,18 +120,18 @@ def kind_of(record: Record) -> str:
 
 # ---------------------------------------------------------------------------------------------------- identity
 
-def _messages_plain(messages: tuple[Message, ...]) -> list[dict]:
+def messages_plain(messages: tuple[Message, ...]) -> list[dict]:
     return [{"role": m.role, "content": m.content} for m in messages]
 
 
 def content_hash(record: Record) -> str:
     """sha256 of what a model would see (not the id or group): the de-duplication key."""
     if isinstance(record, Conversation):
-        body = {"messages": _messages_plain(record.messages)}
+        body = {"messages": messages_plain(record.messages)}
     elif isinstance(record, PreferencePair):
-        body = {"prompt": _messages_plain(record.prompt), "chosen": record.chosen, "rejected": record.rejected}
+        body = {"prompt": messages_plain(record.prompt), "chosen": record.chosen, "rejected": record.rejected}
     else:
-        body = {"prompt": _messages_plain(record.prompt), "gold": record.gold}
+        body = {"prompt": messages_plain(record.prompt), "gold": record.gold}
     return sha256_bytes(json.dumps([kind_of(record), body], sort_keys=True, ensure_ascii=False).encode())
 
 
@@ -152,9 +152,9 @@ def to_row(record: Record) -> dict:
     """The normalised parquet row of a record (schema `NORMALISED[kind]`)."""
     row = {"id": record.id, "group": record.group, "content_hash": content_hash(record)}
     if isinstance(record, Conversation):
-        row["messages"] = _messages_plain(record.messages)
+        row["messages"] = messages_plain(record.messages)
     else:
-        row["prompt"] = _messages_plain(record.prompt)
+        row["prompt"] = messages_plain(record.prompt)
         if isinstance(record, PreferencePair):
             row.update(chosen=record.chosen, rejected=record.rejected)
         else:

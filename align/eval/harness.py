@@ -57,7 +57,7 @@ class Decoded:
     token_ids: tuple[int, ...]  # generated tokens, the stop token included when one ended the response
     text: str  # decoded response, special tokens dropped
     finish_reason: str
-    model_logprob: float = 0.0  # sum of the untempered model's log-probs of token_ids
+    model_logprob: float  # sum of the untempered model's log-probs of token_ids
 
 
 def load_problems(shards: ShardSet, limit: int = 0) -> list[Problem]:

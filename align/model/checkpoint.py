@@ -28,6 +28,9 @@ from align.model.safetensors_io import FLOAT_DTYPES, hash_tensors, read_header, 
 from align.utils.fsio import publish_dir, staging_dir
 from align.utils.manifest import MANIFEST, read_manifest, write_manifest
 
+# A config's dtype name ("float32" | "bfloat16", the Literal every stage config uses) -> the torch dtype.
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
 CHECKPOINT_KIND = "hf_checkpoint"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
                    "tokenizer.model.v3", "chat_template.jinja")

@@ -30,7 +30,7 @@ from align.data.loader import BatchLoader, LoaderConfig
 from align.data.store import ShardSet
 from align.exceptions import ConfigError
 from align.exit_codes import exit_stage
-from align.model.checkpoint import load_checkpoint, tokenizer_dir_for
+from align.model.checkpoint import DTYPES, load_checkpoint, tokenizer_dir_for
 from align.profile import CommonConfig
 from align.tokenizer import TokenizerConfig
 from align.train.callbacks import ProgressLine, SpeedMonitor
@@ -47,7 +47,7 @@ from align.train.trainer import Trainer, TrainerConfig
 from align.utils.dist import device, init_distributed, is_rank0
 from align.utils.fsio import atomic_write_json, sha256_bytes
 from align.utils.tracking import read_history
-from align.stages.ref_cache import DTYPES, tokenizer_hash
+from align.stages.ref_cache import tokenizer_hash
 
 
 @dataclass(frozen=True)

@@ -36,13 +36,12 @@ from align.exit_codes import exit_stage
 from align.inference.config import EngineConfig, SamplingParams
 from align.inference.engine import Engine
 from align.inference.receipts import checkpoint_identity
-from align.model.checkpoint import load_checkpoint, load_tokenizer
+from align.model.checkpoint import DTYPES, load_checkpoint, load_tokenizer
 from align.profile import CommonConfig
 from align.utils.dist import device
 from align.utils.fsio import atomic_write_json, publish_dir, sha256_bytes, staging_dir
 from align.utils.manifest import write_manifest
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 DEFAULT_CHECKPOINTS = {"sft": "sft_checkpoint/final", "dpo": "dpo_checkpoint/final", "grpo": "grpo_checkpoint/final"}
 
 

@@ -21,7 +21,7 @@ from align.config import load_cli_config, run_dir_from_env, write_resolved_confi
 from align.data.store import ShardSet
 from align.eval.verifier import score
 from align.exit_codes import exit_stage
-from align.model.checkpoint import checkpoint_content_hash, load_checkpoint, tokenizer_dir_for
+from align.model.checkpoint import DTYPES, checkpoint_content_hash, load_checkpoint, tokenizer_dir_for
 from align.rl.batch_source import GrpoBatchSource, PromptSet
 from align.rl.canary import Canary, EvalTask, evaluate
 from align.rl.curriculum import PromptCurriculum
@@ -39,9 +39,6 @@ from align.train.train_module import TrainModuleConfig
 from align.train.trainer import Trainer
 from align.utils.dist import device, init_distributed, is_rank0, rank, world_size
 from align.utils.fsio import atomic_write_json
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-
 
 def reference_scorer(start: Path, cfg: GrpoStageConfig):
     """Log-probs under the frozen start weights (only built when a KL term needs them)."""

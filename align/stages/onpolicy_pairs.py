@@ -31,14 +31,14 @@ import torch
 from align.config import load_cli_config, run_dir_from_env, write_resolved_config
 from align.data.ingest_parquet import MANIFEST_KIND, RECORDS, WRITE_OPTIONS
 from align.data.onpolicy import JudgedSample, OnPolicyConfig, choose_pair, summarise
-from align.data.schema import NORMALISED, PreferencePair, from_row, to_row, validate
+from align.data.schema import NORMALISED, PreferencePair, from_row, messages_plain, to_row, validate
 from align.eval.harness import Problem, decode
 from align.exceptions import DataError
 from align.exit_codes import exit_stage
 from align.inference.config import EngineConfig, SamplingParams
 from align.inference.engine import Engine
 from align.inference.receipts import checkpoint_identity
-from align.model.checkpoint import load_checkpoint, load_tokenizer
+from align.model.checkpoint import DTYPES, load_checkpoint, load_tokenizer
 from align.profile import CommonConfig
 from align.rl.rewards import CompositeReward, RewardConfig
 from align.tokenizer.chat import encode_prompt
@@ -46,9 +46,6 @@ from align.utils.dist import device
 from align.utils.fsio import atomic_write_json, publish_dir, staging_dir
 from align.utils.manifest import manifest_digest, read_manifest, write_manifest
 from align.verify import DEFAULT_CONFIG, extract
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-
 
 @dataclass(frozen=True)
 class OnPolicyDataConfig:
@@ -85,7 +82,7 @@ def problems_of(pairs: list[PreferencePair], tok, source: Path) -> list[Problem]
         if gold is None:
             raise DataError(f"{source / RECORDS}: row {row} (id {pair.id!r}): the chosen response has no \\boxed{{}} "
                             f"answer; on-policy pairs need a verifiable gold answer in every chosen response")
-        ids = encode_prompt(tok, [{"role": m.role, "content": m.content} for m in pair.prompt])
+        ids = encode_prompt(tok, messages_plain(pair.prompt))
         out.append(Problem(row, pair.id, pair.group, gold, tuple(ids)))
     return out
 

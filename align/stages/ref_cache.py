@@ -23,6 +23,7 @@ from align.config import load_cli_config, run_dir_from_env, write_resolved_confi
 from align.data.collate import collate
 from align.data.store import ShardSet
 from align.exit_codes import exit_stage
+from align.model.checkpoint import DTYPES
 from align.profile import CommonConfig
 from align.tokenizer import TokenizerConfig
 from align.tokenizer.tokenizer import resolve_tokenizer_dir
@@ -30,9 +31,6 @@ from align.kernels.fused_dpo import pair_logprobs
 from align.train.ref_cache import cache_key, cached_preference_accuracy, ensure_ref_cache, length_sorted_rows
 from align.utils.dist import device
 from align.utils.fsio import atomic_write_json, sha256_file
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-
 
 @dataclass(frozen=True)
 class RefScoringConfig:

@@ -24,7 +24,7 @@ from align.data.loader import BatchLoader, LoaderConfig
 from align.data.store import ShardSet
 from align.exit_codes import exit_stage
 from align.model import MistralConfig, MistralForCausalLM
-from align.model.checkpoint import checkpoint_content_hash, load_checkpoint
+from align.model.checkpoint import DTYPES, checkpoint_content_hash, load_checkpoint
 from align.profile import CommonConfig
 from align.tokenizer import TokenizerConfig
 from align.tokenizer.tokenizer import resolve_tokenizer_dir
@@ -42,9 +42,6 @@ from align.train.trainer import Trainer, TrainerConfig
 from align.utils.dist import device, init_distributed, is_rank0
 from align.utils.fsio import atomic_write_json, sha256_file
 from align.utils.tracking import read_history
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-
 
 @dataclass(frozen=True)
 class SftModelConfig:

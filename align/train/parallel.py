@@ -20,9 +20,8 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from align.model.checkpoint import DTYPES
 from align.utils.dist import device, is_distributed, world_size
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 @dataclass(frozen=True)
@@ -96,7 +95,7 @@ def wrap(unit: LossForward, cfg: ParallelConfig) -> nn.Module:
     if strategy == "fsdp":
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-        mp = dict(param_dtype=_DTYPES[cfg.param_dtype], reduce_dtype=_DTYPES[cfg.reduce_dtype])
+        mp = dict(param_dtype=DTYPES[cfg.param_dtype], reduce_dtype=DTYPES[cfg.reduce_dtype])
         for block in decoder_blocks(unit.model):
             fully_shard(block, mp_policy=MixedPrecisionPolicy(**mp), reshard_after_forward=cfg.reshard_after_forward)
         fully_shard(unit, mp_policy=MixedPrecisionPolicy(**mp, cast_forward_inputs=False))

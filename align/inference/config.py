@@ -48,10 +48,12 @@ class EngineConfig:
     kv_cache_max_mb: int = 512  # cap on the automatically sized KV cache (the cache is zero-filled up front)
     enable_prefix_caching: bool = True  # share computed prompt blocks between sequences with the same prefix
     seed: int = 0  # base of the per-request seed for requests that bring none
-    # Pad each step's matmuls to row counts whose rounding matches any larger batch (see model_runner.padded_rows),
-    # and attention calls to >= 4 query rows. With it, and block_size a multiple of 16 (attention keys then come in
-    # whole 16-key chunks), a sequence's tokens and log-probs are bitwise the same alone or in any batch; without it
-    # they can differ in the last bits, and a greedy near-tie can flip. Costs ~4 padded rows at batch 1.
+    # Pad each step's matmuls to row counts whose rounding matches any larger batch (measured on the host when the
+    # engine first steps, row_invariance.py), and attention calls to >= 4 query rows. With it, and block_size a
+    # multiple of 16 (attention keys then come in whole 16-key chunks), a sequence's tokens and log-probs are
+    # bitwise the same alone or in any batch; without it they can differ in the last bits, and a greedy near-tie
+    # can flip. Costs the padded rows at small batches (1-3 rows on an AMD EPYC, up to 15 on an Intel Xeon with
+    # the default kernel) and a one-off probe of the kernels (~0.1-1 s for the tiny/small shapes in fp32).
     batch_invariant: bool = True
     # Matmul kernel of the projections and the head (fused_layers.py): "torch" = F.linear, the model's own kernel
     # (MKL in fp32 on CPU); "onednn" = weights pre-packed by oneDNN, ~2.5x faster on the fp32 32k head at 16 rows

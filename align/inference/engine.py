@@ -8,7 +8,8 @@ request larger than the whole cache) gets an error result of its own; the others
 Determinism: with `batch_invariant` (the default) and a block size that is a multiple of 16, a request's tokens and
 log-probs are bitwise the same whatever else is in the batch, in which order, however its prompt is chunked, and
 whether it was preempted or took its prefix from the cache (tests/inference/test_engine.py proves it on CPU; it
-rests on measured properties of this machine's GEMM/SDPA kernels, see model_runner.padded_rows)."""
+rests on properties of the host's GEMM/SDPA kernels: the GEMMs' are measured on the host when the engine first
+steps, see row_invariance.py and ModelRunner.pad_rows; SDPA's 4-query-row floor is in paged_attention.py)."""
 
 from __future__ import annotations
 

@@ -12,9 +12,11 @@ Matmul kernels (`EngineConfig.linear_kernel`):
   (`torch.ops.mkldnn._reorder_linear_weight` + `_linear_pointwise`, the pair inductor's CPU freezing uses).
   Measured here (AMD EPYC, AVX-512, 1 thread, fp32, 16 rows x 256 -> 32k head): 3.6-4 ms vs 9-10 ms for MKL; on
   the layers' small matmuls it is on par. It rounds differently from MKL (same fp32 arithmetic, another summation
-  blocking: ~1e-5 relative on the logits), so it is opt-in: a near-tie in a greedy argmax can flip against the
-  "torch" kernel, and golden anchors pin those tokens. A row's result is the same for any row count >= 2
-  (measured, see model_runner.padded_rows); it costs one extra copy of the weights.
+  blocking: ~1e-5 relative on the logits on an AMD EPYC host; bitwise equal at hidden 256 on an Intel Sapphire
+  Rapids host), so it is opt-in: a near-tie in a greedy argmax can flip against the "torch" kernel, and golden
+  anchors pin those tokens. It costs one extra copy of the weights.
+Which row counts round a row as any larger batch does is measured per kernel on the host (row_invariance.py,
+`agreeing_row_counts`); the runner pads each step's rows to such a count.
 
 The fused and packed tensors are copies, so they must follow the model's weights. Every in-place write to a tensor
 bumps its version counter; `refresh()` compares the counters (and storage pointers) of the source parameters with
@@ -28,10 +30,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from align.inference.row_invariance import agreeing_counts, chunked
 from align.model.layers import apply_rope
 
 LINEAR_KERNELS = ("torch", "onednn")
-PACK_ROWS_HINT = 16  # oneDNN's batch-size hint when packing: measured invariant rows for m >= 2 (1 packs otherwise)
+PACK_ROWS_HINT = 16  # oneDNN's batch-size hint when packing (AMD EPYC: invariant rows for m >= 2 with it; 1 is worse)
 
 
 @dataclass
@@ -88,17 +91,18 @@ class FusedDecoder:
         return w
 
     def linear(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        """x (N, in) @ w.T -> (N, out) with the configured kernel; w as made by `_prepare`."""
+        """x (N, in) @ w.T -> (N, out) with the configured kernel; w as made by `_prepare`. At most
+        REFERENCE_ROWS rows per call (row_invariance.chunked): only measured row counts reach the kernel."""
         if self.kernel == "onednn":
-            return torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
-        return F.linear(x, w)
+            return chunked(lambda c: torch.ops.mkldnn._linear_pointwise(c, w, None, "none", [], ""), x)
+        return chunked(lambda c: F.linear(c, w), x)
 
     def linear_add(self, x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """residual + x @ w.T. With oneDNN the add is the matmul's post-op (one pass fewer; in bf16 it rounds once
         instead of twice, so it is closer to the exact sum than the model's forward, not bitwise equal to it)."""
         if self.kernel == "onednn":
-            return torch.ops.mkldnn._linear_pointwise.binary(x, residual, w, None, "add")
-        return residual + F.linear(x, w)
+            return chunked(lambda c, r: torch.ops.mkldnn._linear_pointwise.binary(c, r, w, None, "add"), x, residual)
+        return residual + self.linear(x, w)
 
     @torch.no_grad()
     def refresh(self) -> int:
@@ -142,6 +146,27 @@ class FusedDecoder:
         gu = self.linear(self.norm(layer.post_attention_layernorm, hidden), self.fused[i].wgu)  # (N, 2F)
         return self.linear_add(F.silu(gu[:, :self.ffn]) * gu[:, self.ffn:], self.fused[i].wdown, hidden)
 
+    def agreeing_row_counts(self) -> tuple[int, ...]:
+        """Row counts at which every projection and the head round each row as a large batch does (measured on
+        this host for these weight shapes, this kernel, dtype and thread count; see row_invariance.py)."""
+        w = self.lm_head.weight
+        V, D = w.shape
+        products = [("head", lambda x, wt: self._head_product(x, wt, torch.empty(x.shape[0], V, device=x.device)),
+                     (V, D))]
+        if len(self.layers):
+            products += [(name, self.linear, (rows, cols)) for name, rows, cols in (
+                ("qkv", self.q_dim + 2 * self.kv_dim, D), ("gate_up", 2 * self.ffn, D), ("o", D, self.q_dim),
+                ("down", D, self.ffn))]
+        return agreeing_counts(products, self._prepare, w.dtype, w.device, self.kernel)
+
+    def _head_product(self, hidden: torch.Tensor, whead: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+        if self.kernel == "torch" and hidden.dtype == torch.float32 and out is not None:
+            return torch.mm(hidden, whead.t(), out=out)
+        logits = self.linear(hidden, whead)
+        if logits.dtype == torch.float32 or out is None:
+            return logits.float()
+        return out.copy_(logits)
+
     def head(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """Final-normed hidden (N, D) -> fp32 logits (N, V), written into `out` (N, V) fp32 when given.
 
@@ -149,9 +174,4 @@ class FusedDecoder:
         OS and faults them in again, measured 0.7 ms for the bf16 -> fp32 copy of a 16 x 32k block (0.1 in place).
         For the default kernel mm(out=) is bitwise F.linear (measured); oneDNN has no out= variant, so its fp32
         logits are the op's own tensor."""
-        if self.kernel == "torch" and hidden.dtype == torch.float32 and out is not None:
-            return torch.mm(hidden, self.whead.t(), out=out)
-        logits = self.linear(hidden, self.whead)
-        if logits.dtype == torch.float32 or out is None:
-            return logits.float()
-        return out.copy_(logits)
+        return self._head_product(hidden, self.whead, out)

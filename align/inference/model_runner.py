@@ -2,7 +2,7 @@
 
 The step's tokens from all sequences are one flat (N, D) batch: embeddings, norms, projections, MLPs and RoPE
 are per token, so they run on the real tokens with no per-sequence padding (only a few rows to a batch-invariant
-count, see `padded_rows`). Only attention looks across tokens, and it
+count, see `pad_rows`). Only attention looks across tokens, and it
 goes through `paged_attention` per query-shape group. Decoding sequences are laid out first so their group is a
 contiguous slice. The layers run through `FusedDecoder` (the model's weights with q/k/v and gate/up fused, see
 fused_layers.py) and the model's own `embed_tokens`, `rope`, `o_proj`, `down_proj`, `norm` and `lm_head`, so the
@@ -13,18 +13,19 @@ enough to stay in cache for the several passes it makes over each."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from align.inference.fused_layers import FusedDecoder
+from align.inference.row_invariance import REFERENCE_ROWS, padder
 from align.inference.paged_attention import AttnGroup, build_group, group_attention, write_kv
 from align.inference.sampler import RowParams, sample
 from align.inference.scheduler import StepPlan
 from align.inference.sequence import Sequence
 
 SAMPLE_CHUNK_ROWS = 16  # a (16, 32k) fp32 block stays in cache across the sampler's passes
-LOGIT_CHUNK_ROWS = 256  # bounds the logits tensor: (256, V) fp32 is 32 MB at V = 32k
 
 
 @dataclass(frozen=True)
@@ -37,34 +38,13 @@ class StepInputs:
     sample_seqs: list[Sequence]
 
 
-def padded_rows(m: int) -> int:
-    """The row count a step's m rows are padded to so every row rounds as it would in any larger batch.
-
-    NOTE: measured on this machine's torch 2.13 CPU GEMM (oneDNN/MKL), fp32, weights (V|F|D) x D for D = 256, 768, 1024:
-    a row's result is bitwise that of a 16-row batch for m = 4, 8 and every m >= 12 up to 2048, with 1 or 2
-    threads; m = 1-3 (one thread) and 1-3, 5-7, 9-11 (two threads) take other kernels that round differently."""
-    if m <= 4:
-        return 4
-    if m <= 8:
-        return 8
-    return max(m, 12)
-
-
-def padded_rows_onednn(m: int) -> int:
-    """The same for the "onednn" linear kernel (weights packed with a 16-row hint): a row's result is bitwise that
-    of a 2100-row batch for every m >= 2, fp32 and bf16, 1 or 2 threads, on every (out, in) weight shape of the
-    tiny/small profiles and the test model (measured); m = 1 takes another path for some shapes (in = 1536)."""
-    return max(m, 2)
-
-
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, num_blocks: int, block_size: int, batch_invariant: bool = True,
                  linear_kernel: str = "torch"):
         cfg = model.config
         self.model = model
         self.block_size = block_size
-        invariant_rows = padded_rows_onednn if linear_kernel == "onednn" else padded_rows
-        self.pad_rows = invariant_rows if batch_invariant else (lambda m: m)
+        self.batch_invariant = batch_invariant
         self.trash_slot = num_blocks * block_size  # an extra block no sequence owns: padding rows write there
         self.sliding_window = cfg.sliding_window
         weight = model.model.embed_tokens.weight
@@ -75,11 +55,22 @@ class ModelRunner:
         self.k_cache = torch.zeros(shape, dtype=weight.dtype, device=self.device)
         self.v_cache = torch.zeros(shape, dtype=weight.dtype, device=self.device)
         self.decoder = FusedDecoder(model, linear_kernel)
+        self._pads: dict[int, Callable[[int], int]] = {}  # torch thread count -> row padder
         # The sampler's probabilities buffer, reused every step: a fresh 2 MB (16 x 32k fp32) tensor per sampling
         # block is returned to and faulted in from the OS by glibc's allocator.
         self.sample_workspace = torch.empty(SAMPLE_CHUNK_ROWS * cfg.vocab_size, dtype=torch.float32,
                                             device=self.device)
         self.logits_workspace = torch.empty(0, dtype=torch.float32, device=self.device)  # grown on demand
+
+    def pad_rows(self, m: int) -> int:
+        """The row count a step's m rows are padded to so every row rounds as in any larger batch (m itself without
+        batch_invariant). Measured per thread count (row_invariance.py): the kernels torch picks depend on it."""
+        if not self.batch_invariant:
+            return m
+        threads = torch.get_num_threads()
+        if threads not in self._pads:
+            self._pads[threads] = padder(self.decoder.agreeing_row_counts())
+        return self._pads[threads](m)
 
     @staticmethod
     def bytes_per_block(cfg, block_size: int, dtype: torch.dtype) -> int:
@@ -111,7 +102,7 @@ class ModelRunner:
                                           slice(offset, offset + n_tok), self.sliding_window, self.k_cache.dtype,
                                           self.device))
                 offset += n_tok
-        # Pad tokens and sampling rows to batch-invariant row counts (padded_rows): padding tokens are token 0 at
+        # Pad tokens and sampling rows to batch-invariant row counts (pad_rows): padding tokens are token 0 at
         # position 0 writing to the trash slot; padding sampling rows repeat the last one.
         pad = self.pad_rows(len(ids)) - len(ids)
         ids, pos, slots = ids + [0] * pad, pos + [0] * pad, slots + [self.trash_slot] * pad
@@ -152,10 +143,10 @@ class ModelRunner:
         params = _row_params(seqs, self.device)
         tokens, logprobs, model_logprobs = [], [], []
         lo = 0
-        # Near-equal chunks (never a short tail): each head matmul keeps a batch-invariant row count.
-        for chunk in hidden.tensor_split(-(-hidden.shape[0] // LOGIT_CHUNK_ROWS)):
-            # NOTE: one matmul per LOGIT_CHUNK_ROWS rows, not per sampling block: the head's weight (V x D, 32 MB
-            # for the tiny profile) is larger than the caches, and each matmul streams all of it from memory.
+        # NOTE: one matmul per REFERENCE_ROWS rows (the most a product runs on, row_invariance.py; the padded row
+        # count makes the last chunk a measured one), not per sampling block: the head's weight (V x D, 32 MB for
+        # the tiny profile) is larger than the caches, and each matmul streams all of it from memory.
+        for chunk in hidden.split(REFERENCE_ROWS):
             logits = self.decoder.head(chunk, self._logits_buffer(chunk.shape[0]))  # (rows, V) fp32
             for sub in range(0, min(logits.shape[0], len(seqs) - lo), SAMPLE_CHUNK_ROWS):
                 rows = slice(lo + sub, min(lo + sub + SAMPLE_CHUNK_ROWS, len(seqs)))

@@ -34,15 +34,15 @@ def test_onednn_greedy_matches_the_naive_loop_and_logprobs_a_full_forward(model)
 
 
 @torch.no_grad()
-def test_onednn_rounds_differently_from_the_default_kernel_but_only_in_the_last_bits():
-    # Why the kernel is opt-in: same fp32 arithmetic, another summation blocking (at hidden 256, the tiny profile's;
-    # at the test model's hidden 64 both kernels happen to agree bitwise).
+def test_onednn_head_agrees_with_the_default_kernel_up_to_the_last_bits():
+    # Why the kernel is opt-in: same fp32 arithmetic, possibly another summation blocking. At hidden 256 (the tiny
+    # profile's) the two differed by ~1e-5 on an AMD EPYC host and agreed bitwise on an Intel Sapphire Rapids host,
+    # so only the bound is a contract.
     model = small_model(hidden_size=256, intermediate_size=256)
     x = torch.randn(16, 256, generator=torch.Generator().manual_seed(0))
     default, onednn = (Engine(model, EngineConfig(linear_kernel=k, num_blocks=4)).runner.decoder.head(x)
                        for k in ("torch", "onednn"))
     torch.testing.assert_close(onednn, default, atol=1e-5, rtol=1e-5)
-    assert not torch.equal(onednn, default)
 
 
 @pytest.mark.parametrize("threads", [1, pytest.param(2, marks=pytest.mark.slow)])  # slow: see test_engine.py

@@ -55,10 +55,13 @@ class EngineConfig:
     # can flip. Costs the padded rows at small batches (1-3 rows on an AMD EPYC, up to 15 on an Intel Xeon with
     # the default kernel) and a one-off probe of the kernels (~0.1-1 s for the tiny/small shapes in fp32).
     batch_invariant: bool = True
-    # Matmul kernel of the projections and the head (fused_layers.py): "torch" = F.linear, the model's own kernel
-    # (MKL in fp32 on CPU); "onednn" = weights pre-packed by oneDNN, ~2.5x faster on the fp32 32k head at 16 rows
-    # on this CPU but rounding differently from the model's forward (opt-in: greedy near-ties can flip). CPU only.
-    linear_kernel: str = "torch"
+    # Matmul kernel of the projections and the head (fused_layers.py): "auto" = "onednn" for float32/bfloat16
+    # weights on a CPU with oneDNN, else "torch"; "torch" = F.linear, the model's own kernel (MKL sgemm in fp32 on
+    # CPU); "onednn" = weights pre-packed once by oneDNN (CPU only): 2.5x faster than MKL on the fp32 32k head at 16
+    # rows on an AMD EPYC, whose MKL runs no AVX-512 path. oneDNN rounds the last bits differently from the model's
+    # forward (within 1e-5 on the log-probs, tests/inference/test_linear_kernels.py); "torch" gives the forward's
+    # own bits where that is wanted.
+    linear_kernel: str = "auto"
 
     def __post_init__(self):
         problems = []
@@ -69,7 +72,7 @@ class EngineConfig:
             problems.append(f"max_model_len must be >= 2, got {self.max_model_len}")
         if self.num_blocks is not None and self.num_blocks < 1:
             problems.append(f"num_blocks must be >= 1, got {self.num_blocks}")
-        if self.linear_kernel not in ("torch", "onednn"):
-            problems.append(f"linear_kernel must be 'torch' or 'onednn', got {self.linear_kernel!r}")
+        if self.linear_kernel not in ("auto", "torch", "onednn"):
+            problems.append(f"linear_kernel must be 'auto', 'torch' or 'onednn', got {self.linear_kernel!r}")
         if problems:
             raise ValueError("EngineConfig: " + "; ".join(problems))

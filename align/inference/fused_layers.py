@@ -6,15 +6,17 @@ weights, gate/up another, RoPE rotates q and k in one call, and fp32 RMSNorm is 
 (bit-identical to the model's fp32 expression; in other dtypes the model's own norm runs, for its rounding order).
 The math is the model's: the same weights, `apply_rope`, SiLU-gated MLP, residuals.
 
-Matmul kernels (`EngineConfig.linear_kernel`):
-- "torch": `F.linear` on the weights, what the model's own forward runs (MKL sgemm in fp32 on CPU).
+Matmul kernels (`EngineConfig.linear_kernel`; "auto", the default, is "onednn" where it can run, else "torch"):
+- "torch": `F.linear` on the weights, what the model's own forward runs (MKL sgemm in fp32 on CPU, cuBLAS on CUDA).
 - "onednn": every projection and the head against weights pre-packed once by oneDNN for this CPU
   (`torch.ops.mkldnn._reorder_linear_weight` + `_linear_pointwise`, the pair inductor's CPU freezing uses).
-  Measured here (AMD EPYC, AVX-512, 1 thread, fp32, 16 rows x 256 -> 32k head): 3.6-4 ms vs 9-10 ms for MKL; on
-  the layers' small matmuls it is on par. It rounds differently from MKL (same fp32 arithmetic, another summation
-  blocking: ~1e-5 relative on the logits on an AMD EPYC host; bitwise equal at hidden 256 on an Intel Sapphire
-  Rapids host), so it is opt-in: a near-tie in a greedy argmax can flip against the "torch" kernel, and golden
-  anchors pin those tokens. It costs one extra copy of the weights.
+  Measured on an AMD EPYC (Zen 4, AVX-512, 1 thread, fp32), where MKL dispatches no AVX-512 code: 16 rows x 256 ->
+  32k head 3.9 ms vs 10.2 ms for MKL, 128 rows x 512 -> 32k 44 ms vs 85 ms (~49 GMAC/s, one core's FMA peak), the
+  layers' 16-row matmuls 1.4-2.2x faster. It rounds differently from MKL (same fp32 arithmetic, another summation
+  blocking: ~1e-6 of the largest logit on the AMD host; bitwise equal at hidden 256 on an Intel Sapphire Rapids
+  host), so greedy text can differ from a decode on "torch" where two logits nearly tie; golden anchors pin the
+  tokens of the kernel they were accepted with. It costs one extra copy of the weights, repacked after a weight
+  update (43 ms for the tiny profile in fp32).
 Which row counts round a row as any larger batch does is measured per kernel on the host (row_invariance.py,
 `agreeing_row_counts`); the runner pads each step's rows to such a count.
 
@@ -33,7 +35,7 @@ import torch.nn.functional as F
 from align.inference.row_invariance import agreeing_counts, chunked
 from align.model.layers import apply_rope
 
-LINEAR_KERNELS = ("torch", "onednn")
+LINEAR_KERNELS = ("auto", "torch", "onednn")
 PACK_ROWS_HINT = 16  # oneDNN's batch-size hint when packing (AMD EPYC: invariant rows for m >= 2 with it; 1 is worse)
 
 
@@ -56,22 +58,28 @@ def _stamp(tensors) -> tuple:
     return tuple((t._version, t.data_ptr()) for t in tensors)
 
 
-def check_linear_kernel(kernel: str, weight: torch.Tensor) -> None:
-    """Raise if `kernel` cannot run on weights like `weight` (device, dtype, torch build)."""
+def onednn_can_run(weight: torch.Tensor) -> bool:
+    return (weight.device.type == "cpu" and torch.backends.mkldnn.is_available()
+            and weight.dtype in (torch.float32, torch.bfloat16))
+
+
+def resolve_linear_kernel(kernel: str, weight: torch.Tensor) -> str:
+    """The kernel to run on weights like `weight`: "auto" -> "onednn" where it can run, else "torch". Raises if an
+    explicit choice cannot run (device, dtype, torch build)."""
     if kernel not in LINEAR_KERNELS:
         raise ValueError(f"EngineConfig.linear_kernel must be one of {LINEAR_KERNELS}, got {kernel!r}")
-    if kernel == "onednn":
-        if weight.device.type != "cpu" or not torch.backends.mkldnn.is_available():
-            raise ValueError(f"linear_kernel 'onednn' needs a CPU model and a torch built with oneDNN; the model "
-                             f"is on {weight.device} (mkldnn available: {torch.backends.mkldnn.is_available()})")
-        if weight.dtype not in (torch.float32, torch.bfloat16):
-            raise ValueError(f"linear_kernel 'onednn' supports float32 and bfloat16 weights, got {weight.dtype}")
+    if kernel == "auto":
+        return "onednn" if onednn_can_run(weight) else "torch"
+    if kernel == "onednn" and not onednn_can_run(weight):
+        raise ValueError(f"linear_kernel 'onednn' needs float32 or bfloat16 weights on a CPU and a torch built with "
+                         f"oneDNN; the model is {weight.dtype} on {weight.device} (mkldnn available: "
+                         f"{torch.backends.mkldnn.is_available()})")
+    return kernel
 
 
 class FusedDecoder:
-    def __init__(self, model: torch.nn.Module, kernel: str = "torch"):
-        check_linear_kernel(kernel, model.lm_head.weight)
-        self.kernel = kernel
+    def __init__(self, model: torch.nn.Module, kernel: str = "auto"):
+        self.kernel = resolve_linear_kernel(kernel, model.lm_head.weight)  # "torch" or "onednn"
         self.layers = model.model.layers
         self.lm_head = model.lm_head
         cfg = model.config

@@ -40,7 +40,7 @@ class StepInputs:
 
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, num_blocks: int, block_size: int, batch_invariant: bool = True,
-                 linear_kernel: str = "torch"):
+                 linear_kernel: str = "auto"):
         cfg = model.config
         self.model = model
         self.block_size = block_size

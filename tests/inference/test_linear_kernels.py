@@ -1,6 +1,7 @@
-"""The opt-in oneDNN matmul kernel (EngineConfig.linear_kernel = "onednn") and bf16 models: same contracts as the
-default path (greedy = the no-cache loop, log-probs = a full forward, bitwise batch invariance, weights followed),
-and a clear error where the kernel cannot run."""
+"""The engine's matmul kernels (EngineConfig.linear_kernel: "auto", the default, picks oneDNN's pre-packed weights
+on a CPU and the model's own F.linear elsewhere) and bf16 models: the same contracts on every kernel (greedy = the
+no-cache loop, log-probs = a full forward, bitwise batch invariance, weights followed), and a clear error where a
+chosen kernel cannot run."""
 
 from __future__ import annotations
 
@@ -35,9 +36,9 @@ def test_onednn_greedy_matches_the_naive_loop_and_logprobs_a_full_forward(model)
 
 @torch.no_grad()
 def test_onednn_head_agrees_with_the_default_kernel_up_to_the_last_bits():
-    # Why the kernel is opt-in: same fp32 arithmetic, possibly another summation blocking. At hidden 256 (the tiny
-    # profile's) the two differed by ~1e-5 on an AMD EPYC host and agreed bitwise on an Intel Sapphire Rapids host,
-    # so only the bound is a contract.
+    # Same fp32 arithmetic, possibly another summation blocking. At hidden 256 (the tiny profile's) the two differed
+    # by ~1e-6 on an AMD EPYC host and agreed bitwise on an Intel Sapphire Rapids host, so only the bound is a
+    # contract.
     model = small_model(hidden_size=256, intermediate_size=256)
     x = torch.randn(16, 256, generator=torch.Generator().manual_seed(0))
     default, onednn = (Engine(model, EngineConfig(linear_kernel=k, num_blocks=4)).runner.decoder.head(x)
@@ -46,8 +47,8 @@ def test_onednn_head_agrees_with_the_default_kernel_up_to_the_last_bits():
 
 
 @pytest.mark.parametrize("threads", [1, pytest.param(2, marks=pytest.mark.slow)])  # slow: see test_engine.py
-@pytest.mark.parametrize("dtype,kernel", [(torch.float32, "onednn"), (torch.bfloat16, "torch"),
-                                          (torch.bfloat16, "onednn")])
+@pytest.mark.parametrize("dtype,kernel", [(torch.float32, "torch"), (torch.bfloat16, "torch"),
+                                          (torch.bfloat16, "onednn")])  # fp32 "onednn" = the default: test_engine
 def test_bitwise_batch_invariance_holds_for_every_kernel_and_dtype(model, dtype, kernel, threads):
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -85,5 +86,15 @@ def test_onednn_engine_follows_in_place_weight_updates():
 def test_bad_kernel_settings_are_named(model):
     with pytest.raises(ValueError, match="linear_kernel must be"):
         EngineConfig(linear_kernel="mkl")
-    with pytest.raises(ValueError, match="float32 and bfloat16"):
+    with pytest.raises(ValueError, match="needs float32 or bfloat16 weights on a CPU"):
         Engine(small_model().to(torch.float16), ONEDNN)
+
+
+def test_auto_picks_onednn_where_it_runs_and_the_model_kernel_elsewhere():
+    kernel = lambda m: Engine(m, EngineConfig(num_blocks=4)).runner.decoder.kernel  # noqa: E731
+    assert kernel(small_model()) == kernel(small_model().to(torch.bfloat16)) == "onednn"
+    half = small_model().to(torch.float16)  # oneDNN packs no fp16 weights here: the model's own F.linear
+    assert kernel(half) == "torch"
+    prompt = random_prompts([7], half.config.vocab_size, seed=4)[0]
+    (r,) = Engine(half, EngineConfig()).generate([GenerationRequest(prompt, SamplingParams(0.0, max_new_tokens=4))])
+    assert len(r.token_ids) == 4

@@ -10,8 +10,9 @@ Shapes: tiny (the embedded profile: vocab 32768, d 256, 4 layers, 8/2 heads, ffn
 8/2 heads, ffn 1536). Random weights; no stop tokens (transformers with min_new_tokens = max_new_tokens), so both
 produce exactly the same number of tokens.
 
-Variants (`--variants`, comma-separated dtype[:kernel]): float32 (the default engine: bitwise the model's kernels),
-float32:onednn (EngineConfig.linear_kernel="onednn", weights pre-packed by oneDNN), bfloat16, bfloat16:onednn.
+Variants (`--variants`, comma-separated dtype[:kernel]): float32 (the default engine: EngineConfig.linear_kernel
+"auto", which is oneDNN's pre-packed weights on a CPU), float32:torch (the model's own F.linear, MKL sgemm in fp32),
+bfloat16, bfloat16:torch. The kernel the engine ran is printed per variant (`..._kernel`).
 A bf16 variant runs BOTH engines on a bf16 copy of the weights (transformers' twin `.to(torch.bfloat16)`), so every
 speedup compares like with like; the align engine computes its log-probs in fp32 from the bf16 logits.
 
@@ -20,7 +21,7 @@ is dropped before every timed run, as a weight update drops it: no prompt is eve
 Runs alternate (align, transformers, ...) so machine noise hits both; best and median of the repeats are printed, as
 ONE JSON line, with tokens per CPU-second of the process beside tokens per wall second. Usage:
 
-    .venv/bin/python bench/generate.py [--shapes tiny,small --loads b1,b16,grpo --variants float32,bfloat16:onednn
+    .venv/bin/python bench/generate.py [--shapes tiny,small --loads b1,b16,grpo --variants float32,bfloat16:torch
                                         --repeats 3 --threads 1]
 """
 
@@ -41,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from model_forward import build_hf  # noqa: E402  (the transformers twin with the same weights)
 
 from align.inference import EngineConfig, SamplingParams  # noqa: E402
+from align.inference.fused_layers import LINEAR_KERNELS  # noqa: E402
 from align.model import MistralConfig, MistralForCausalLM  # noqa: E402
 from align.model.checkpoint import DTYPES  # noqa: E402
 from align.rollout import RolloutRequest  # noqa: E402
@@ -105,12 +107,12 @@ def summarise(result: dict, key: str, rates: dict) -> None:
 
 
 def parse_variant(variant: str) -> tuple[torch.dtype, str]:
-    """`dtype[:kernel]` -> (torch dtype, kernel name; "" = the default)."""
+    """`dtype[:kernel]` -> (torch dtype, EngineConfig.linear_kernel; no kernel = "auto", the default)."""
     dtype_name, _, kernel = variant.partition(":")
-    if dtype_name not in DTYPES or kernel not in ("", "torch", "onednn"):
-        raise ValueError(f"{variant!r} is not dtype[:kernel] with dtype one of {', '.join(DTYPES)} and kernel torch "
-                         f"or onednn")
-    return DTYPES[dtype_name], kernel
+    if dtype_name not in DTYPES or kernel not in ("", *LINEAR_KERNELS):
+        raise ValueError(f"{variant!r} is not dtype[:kernel] with dtype one of {', '.join(DTYPES)} and kernel one of "
+                         f"{', '.join(LINEAR_KERNELS)}")
+    return DTYPES[dtype_name], kernel or "auto"
 
 
 def bench_variant(result: dict, shape: str, variant: str, args) -> None:
@@ -125,7 +127,8 @@ def bench_variant(result: dict, shape: str, variant: str, args) -> None:
         n_prompts, samples, new, temp = LOADS[load]
         g = torch.Generator().manual_seed(1)
         prompts = torch.randint(3, model.config.vocab_size, (n_prompts, PROMPT_LEN), generator=g).tolist()
-        client = make_client(model, new, not args.no_batch_invariant, kernel or "torch")
+        client = make_client(model, new, not args.no_batch_invariant, kernel)
+        result[f"{shape}_{variant.replace(':', '_')}_kernel"] = client.engine.runner.decoder.kernel
         run_align(client, prompts[:1], 1, 4, temp)  # warm-up: thread pools, allocator
         if twin is not None:
             run_hf(twin, prompts[:1], 1, 4, temp)
@@ -141,8 +144,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="tiny,small")
     ap.add_argument("--loads", default="b1,b16,grpo")
-    ap.add_argument("--variants", default="float32,float32:onednn,bfloat16,bfloat16:onednn",
-                    help="dtype[:kernel], kernel = torch (default) or onednn")
+    ap.add_argument("--variants", default="float32,float32:torch,bfloat16,bfloat16:torch",
+                    help="dtype[:kernel], kernel = auto (default), torch or onednn")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--no-hf", action="store_true", help="skip transformers even when installed")

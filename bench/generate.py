@@ -128,7 +128,7 @@ def bench_variant(result: dict, shape: str, variant: str, args) -> None:
         g = torch.Generator().manual_seed(1)
         prompts = torch.randint(3, model.config.vocab_size, (n_prompts, PROMPT_LEN), generator=g).tolist()
         client = make_client(model, new, not args.no_batch_invariant, kernel)
-        result[f"{shape}_{variant.replace(':', '_')}_kernel"] = client.engine.runner.decoder.kernel
+        result[f"{shape}_{variant.replace(':', '_')}_kernel"] = client.engine.linear_kernel
         run_align(client, prompts[:1], 1, 4, temp)  # warm-up: thread pools, allocator
         if twin is not None:
             run_hf(twin, prompts[:1], 1, 4, temp)

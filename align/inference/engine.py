@@ -58,6 +58,11 @@ class Engine:
         self._next_seq_id = 0
         self._calls = 0
 
+    @property
+    def linear_kernel(self) -> str:
+        """The matmul kernel this engine runs ("onednn" or "torch"; EngineConfig.linear_kernel "auto" resolved)."""
+        return self.runner.decoder.kernel
+
     def _auto_num_blocks(self, mcfg) -> int:
         per_block = ModelRunner.bytes_per_block(mcfg, self.config.block_size, self.model.lm_head.weight.dtype)
         wanted = self.config.max_num_seqs * -(-self.max_model_len // self.config.block_size)

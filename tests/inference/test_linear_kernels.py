@@ -35,7 +35,7 @@ def test_onednn_greedy_matches_the_naive_loop_and_logprobs_a_full_forward(model)
 
 
 @torch.no_grad()
-def test_onednn_head_agrees_with_the_default_kernel_up_to_the_last_bits():
+def test_onednn_head_agrees_with_the_model_kernel_up_to_the_last_bits():
     # Same fp32 arithmetic, possibly another summation blocking. At hidden 256 (the tiny profile's) the two differed
     # by ~1e-6 on an AMD EPYC host and agreed bitwise on an Intel Sapphire Rapids host, so only the bound is a
     # contract.

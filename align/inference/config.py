@@ -52,15 +52,16 @@ class EngineConfig:
     # engine first steps, row_invariance.py), and attention calls to >= 4 query rows. With it, and block_size a
     # multiple of 16 (attention keys then come in whole 16-key chunks), a sequence's tokens and log-probs are
     # bitwise the same alone or in any batch; without it they can differ in the last bits, and a greedy near-tie
-    # can flip. Costs the padded rows at small batches (1-3 rows on an AMD EPYC, up to 15 on an Intel Xeon with
-    # the default kernel) and a one-off probe of the kernels (~0.1-1 s for the tiny/small shapes in fp32).
+    # can flip. Costs the padded rows at small batches (oneDNN: none on an AMD EPYC; MKL: 1-3 rows there, up to 15
+    # on an Intel Xeon) and a one-off probe of the kernels (~0.1-1 s for the tiny/small shapes in fp32).
     batch_invariant: bool = True
     # Matmul kernel of the projections and the head (fused_layers.py): "auto" = "onednn" for float32/bfloat16
     # weights on a CPU with oneDNN, else "torch"; "torch" = F.linear, the model's own kernel (MKL sgemm in fp32 on
     # CPU); "onednn" = weights pre-packed once by oneDNN (CPU only): 2.5x faster than MKL on the fp32 32k head at 16
     # rows on an AMD EPYC, whose MKL runs no AVX-512 path. oneDNN rounds the last bits differently from the model's
-    # forward (within 1e-5 on the log-probs, tests/inference/test_linear_kernels.py); "torch" gives the forward's
-    # own bits where that is wanted.
+    # forward (within 1e-5 on the log-probs, tests/inference/test_linear_kernels.py) and keeps a packed copy of
+    # every weight (repacked after a weight update); "torch" gives the forward's own bits and shares the model's
+    # o/down/head weights (only q/k/v and gate/up are fused copies) where that memory or those bits matter.
     linear_kernel: str = "auto"
 
     def __post_init__(self):

@@ -5,7 +5,10 @@ fp32 on CPU: the model's own kernel, EngineConfig.linear_kernel="torch") and for
 Shapes are the decode products of bench/generate.py's tiny and small Mistral shapes (heads and MLPs) at 16 rows (a
 decode batch) and 128 rows (the GRPO load). Each product: 2 warm-up calls, then the median of `--repeats` timings of
 `--calls` calls each, kernels alternating. Also printed: each product's GB/s of weights read (the bound for few
-rows) and GMAC/s (the bound for many), and whether the two kernels gave the same bits. Prints ONE JSON line:
+rows) and GMAC/s (the bound for many), and whether the two kernels gave the same bits. Also timed: the engine's
+decode attention call (SDPA on 128 rows x 2 KV heads x 4 folded query rows x head dim 32, contiguous K/V) by key
+length: its CPU flash kernel multiplies tiles through at::native::cpublas::gemm, MKL's few-row sgemm in fp32.
+Prints ONE JSON line:
 
     .venv/bin/python bench/linear_kernels.py [--threads 1 --repeats 5 --calls 20 --dtype float32]
 """
@@ -63,6 +66,17 @@ def measure(out_f: int, in_f: int, rows: int, dtype: torch.dtype, repeats: int, 
             "bitwise_equal": bool(torch.equal(kernels["torch"](), kernels["onednn"]()))}
 
 
+@torch.inference_mode()
+def decode_attention_ms(keys: int, repeats: int, calls: int, dtype: torch.dtype) -> float:
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(128, 2, 4, 32, generator=g).to(dtype)
+    k, v = (torch.randn(128, 2, keys, 32, generator=g).to(dtype) for _ in range(2))
+    mask = torch.zeros(128, 1, 1, keys, dtype=dtype)
+    fn = lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # noqa: E731
+    fn(), fn()
+    return round(statistics.median(ms_per_call(fn, calls) for _ in range(repeats)), 3)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=1)
@@ -80,6 +94,8 @@ def main() -> None:
     for name, (out_f, in_f) in PRODUCTS.items():
         for rows in ROWS:
             result[f"{name}_{rows}"] = measure(out_f, in_f, rows, DTYPES[args.dtype], args.repeats, args.calls)
+    result["decode_sdpa_ms_by_keys"] = {keys: decode_attention_ms(keys, args.repeats, args.calls, DTYPES[args.dtype])
+                                        for keys in (32, 64, 96, 112, 128, 160, 192)}
     result["load_avg_1m_end"] = round(os.getloadavg()[0], 2)
     print(json.dumps(result))
 

@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from model_forward import build_hf  # noqa: E402  (the transformers twin with the same weights)
 
 from align.inference import EngineConfig, SamplingParams  # noqa: E402
-from align.inference.fused_layers import LINEAR_KERNELS  # noqa: E402
+from align.inference.config import LINEAR_KERNELS  # noqa: E402
 from align.model import MistralConfig, MistralForCausalLM  # noqa: E402
 from align.model.checkpoint import DTYPES  # noqa: E402
 from align.rollout import RolloutRequest  # noqa: E402

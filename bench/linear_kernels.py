@@ -25,7 +25,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from align.inference.fused_layers import PACK_ROWS_HINT
+from align.inference.fused_layers import onednn_linear, onednn_pack
 from align.model.checkpoint import DTYPES
 
 PRODUCTS = {  # name: (out, in)
@@ -47,9 +47,8 @@ def measure(out_f: int, in_f: int, rows: int, dtype: torch.dtype, repeats: int, 
     g = torch.Generator().manual_seed(0)
     w = (torch.randn(out_f, in_f, generator=g) * 0.05).to(dtype)
     x = torch.randn(rows, in_f, generator=g).to(dtype)
-    packed = torch.ops.mkldnn._reorder_linear_weight(w, PACK_ROWS_HINT)
-    kernels = {"torch": lambda: F.linear(x, w),
-               "onednn": lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")}
+    packed = onednn_pack(w)  # what the engine's "onednn" kernel runs (fused_layers.py)
+    kernels = {"torch": lambda: F.linear(x, w), "onednn": lambda: onednn_linear(x, packed)}
     for fn in kernels.values():
         fn(), fn()
     times: dict[str, list[float]] = {k: [] for k in kernels}

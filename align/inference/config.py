@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+LINEAR_KERNELS = ("auto", "torch", "onednn")  # EngineConfig.linear_kernel (fused_layers.py)
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -73,7 +75,7 @@ class EngineConfig:
             problems.append(f"max_model_len must be >= 2, got {self.max_model_len}")
         if self.num_blocks is not None and self.num_blocks < 1:
             problems.append(f"num_blocks must be >= 1, got {self.num_blocks}")
-        if self.linear_kernel not in ("auto", "torch", "onednn"):
-            problems.append(f"linear_kernel must be 'auto', 'torch' or 'onednn', got {self.linear_kernel!r}")
+        if self.linear_kernel not in LINEAR_KERNELS:
+            problems.append(f"linear_kernel must be one of {LINEAR_KERNELS}, got {self.linear_kernel!r}")
         if problems:
             raise ValueError("EngineConfig: " + "; ".join(problems))

@@ -10,9 +10,10 @@ Matmul kernels (`EngineConfig.linear_kernel`; "auto", the default, is "onednn" w
 - "torch": `F.linear` on the weights, what the model's own forward runs (MKL sgemm in fp32 on CPU, cuBLAS on CUDA).
 - "onednn": every projection and the head against weights pre-packed once by oneDNN for this CPU
   (`torch.ops.mkldnn._reorder_linear_weight` + `_linear_pointwise`, the pair inductor's CPU freezing uses).
-  Measured on an AMD EPYC (Zen 4, AVX-512, 1 thread, fp32), where MKL dispatches no AVX-512 code: 16 rows x 256 ->
-  32k head 3.9 ms vs 10.2 ms for MKL, 128 rows x 512 -> 32k 44 ms vs 85 ms (~49 GMAC/s, one core's FMA peak), the
-  layers' 16-row matmuls 1.4-2.2x faster. It rounds differently from MKL (same fp32 arithmetic, another summation
+  Measured on an AMD EPYC (Zen 4, AVX-512, 1 thread, fp32; bench/linear_kernels.py), where MKL dispatches no
+  AVX-512 code: 16 rows x 256 -> 32k head 4.7 ms vs 12.3 ms for MKL, 128 rows x 512 -> 32k 45.5 ms vs 87.7 ms (47
+  GMAC/s, one core's FMA peak), the small shape's 16-row MLP matmuls 1.5-1.8x faster, the tiny ones on par.
+  It rounds differently from MKL (same fp32 arithmetic, another summation
   blocking: ~1e-6 of the largest logit on the AMD host; bitwise equal at hidden 256 on an Intel Sapphire Rapids
   host), so greedy text can differ from a decode on "torch" where two logits nearly tie; golden anchors pin the
   tokens of the kernel they were accepted with. It costs one extra copy of the weights, repacked after a weight
@@ -32,10 +33,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from align.inference.config import LINEAR_KERNELS
 from align.inference.row_invariance import agreeing_counts, chunked
 from align.model.layers import apply_rope
 
-LINEAR_KERNELS = ("auto", "torch", "onednn")
 PACK_ROWS_HINT = 16  # oneDNN's batch-size hint when packing (AMD EPYC: invariant rows for m >= 2 with it; 1 is worse)
 
 
@@ -77,6 +78,16 @@ def resolve_linear_kernel(kernel: str, weight: torch.Tensor) -> str:
     return kernel
 
 
+def onednn_pack(w: torch.Tensor) -> torch.Tensor:
+    """w (out, in) -> oneDNN's packed copy for `onednn_linear`."""
+    return torch.ops.mkldnn._reorder_linear_weight(w.detach().contiguous(), PACK_ROWS_HINT)
+
+
+def onednn_linear(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+    """x (N, in) @ w.T on a weight made by `onednn_pack`."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+
+
 class FusedDecoder:
     def __init__(self, model: torch.nn.Module, kernel: str = "auto"):
         self.kernel = resolve_linear_kernel(kernel, model.lm_head.weight)  # "torch" or "onednn"
@@ -95,14 +106,14 @@ class FusedDecoder:
 
     def _prepare(self, w: torch.Tensor) -> torch.Tensor:
         if self.kernel == "onednn":
-            return torch.ops.mkldnn._reorder_linear_weight(w.detach().contiguous(), PACK_ROWS_HINT)
+            return onednn_pack(w)
         return w
 
     def linear(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """x (N, in) @ w.T -> (N, out) with the configured kernel; w as made by `_prepare`. At most
         REFERENCE_ROWS rows per call (row_invariance.chunked): only measured row counts reach the kernel."""
         if self.kernel == "onednn":
-            return chunked(lambda c: torch.ops.mkldnn._linear_pointwise(c, w, None, "none", [], ""), x)
+            return chunked(lambda c: onednn_linear(c, w), x)
         return chunked(lambda c: F.linear(c, w), x)
 
     def linear_add(self, x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:

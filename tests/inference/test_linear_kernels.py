@@ -91,7 +91,7 @@ def test_bad_kernel_settings_are_named(model):
 
 
 def test_auto_picks_onednn_where_it_runs_and_the_model_kernel_elsewhere():
-    kernel = lambda m: Engine(m, EngineConfig(num_blocks=4)).runner.decoder.kernel  # noqa: E731
+    kernel = lambda m: Engine(m, EngineConfig(num_blocks=4)).linear_kernel  # noqa: E731
     assert kernel(small_model()) == kernel(small_model().to(torch.bfloat16)) == "onednn"
     half = small_model().to(torch.float16)  # oneDNN packs no fp16 weights here: the model's own F.linear
     assert kernel(half) == "torch"

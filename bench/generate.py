@@ -10,9 +10,11 @@ Shapes: tiny (the embedded profile: vocab 32768, d 256, 4 layers, 8/2 heads, ffn
 8/2 heads, ffn 1536). Random weights; no stop tokens (transformers with min_new_tokens = max_new_tokens), so both
 produce exactly the same number of tokens.
 
-Variants (`--variants`, comma-separated dtype[:kernel]): float32 (the default engine: EngineConfig.linear_kernel
-"auto", which is oneDNN's pre-packed weights on a CPU), float32:torch (the model's own F.linear, MKL sgemm in fp32),
-bfloat16, bfloat16:torch. The kernel the engine ran is printed per variant (`..._kernel`).
+Variants (`--variants`, comma-separated dtype[:linear[:cpu_kernels]]): float32 (the default engine: EngineConfig
+linear_kernel and cpu_kernels "auto", which on a CPU are oneDNN's pre-packed weights and align's C kernels for paged
+attention and sampling), float32:torch (the model's own F.linear, MKL sgemm in fp32), float32::torch (gather + SDPA
+attention and the torch sampler), bfloat16, bfloat16:torch. The kernels the engine ran are printed per variant
+(`..._kernel`, `..._cpu_kernels`).
 A bf16 variant runs BOTH engines on a bf16 copy of the weights (transformers' twin `.to(torch.bfloat16)`), so every
 speedup compares like with like; the align engine computes its log-probs in fp32 from the bf16 logits.
 
@@ -42,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from model_forward import build_hf  # noqa: E402  (the transformers twin with the same weights)
 
 from align.inference import EngineConfig, SamplingParams  # noqa: E402
-from align.inference.config import LINEAR_KERNELS  # noqa: E402
+from align.inference.config import CPU_KERNELS, LINEAR_KERNELS  # noqa: E402
 from align.model import MistralConfig, MistralForCausalLM  # noqa: E402
 from align.model.checkpoint import DTYPES  # noqa: E402
 from align.rollout import RolloutRequest  # noqa: E402
@@ -61,9 +63,9 @@ LOADS = {  # prompts, samples per prompt, new tokens, temperature
 PROMPT_LEN = 64
 
 
-def make_client(model, new: int, invariant: bool, kernel: str) -> NativeRolloutClient:
+def make_client(model, new: int, invariant: bool, linear: str, cpu_kernels: str) -> NativeRolloutClient:
     cfg = EngineConfig(max_model_len=PROMPT_LEN + new + 1, max_num_seqs=256, batch_invariant=invariant,
-                       linear_kernel=kernel)
+                       linear_kernel=linear, cpu_kernels=cpu_kernels)
     return NativeRolloutClient(model, cfg)
 
 
@@ -106,17 +108,19 @@ def summarise(result: dict, key: str, rates: dict) -> None:
         result[f"{key}_speedup_cpu_median"] = round(med["align_cpu"] / med["transformers_cpu"], 2)
 
 
-def parse_variant(variant: str) -> tuple[torch.dtype, str]:
-    """`dtype[:kernel]` -> (torch dtype, EngineConfig.linear_kernel; no kernel = "auto", the default)."""
-    dtype_name, _, kernel = variant.partition(":")
-    if dtype_name not in DTYPES or kernel not in ("", *LINEAR_KERNELS):
-        raise ValueError(f"{variant!r} is not dtype[:kernel] with dtype one of {', '.join(DTYPES)} and kernel one of "
-                         f"{', '.join(LINEAR_KERNELS)}")
-    return DTYPES[dtype_name], kernel or "auto"
+def parse_variant(variant: str) -> tuple[torch.dtype, str, str]:
+    """`dtype[:linear[:cpu_kernels]]` -> (torch dtype, EngineConfig.linear_kernel, .cpu_kernels); a kernel left
+    out or empty is "auto", the default."""
+    dtype_name, linear, cpu_kernels = (variant.split(":") + ["", ""])[:3]
+    if (dtype_name not in DTYPES or linear not in ("", *LINEAR_KERNELS) or cpu_kernels not in ("", *CPU_KERNELS)
+            or variant.count(":") > 2):
+        raise ValueError(f"{variant!r} is not dtype[:linear[:cpu_kernels]] with dtype one of {', '.join(DTYPES)}, "
+                         f"linear one of {', '.join(LINEAR_KERNELS)}, cpu_kernels one of {', '.join(CPU_KERNELS)}")
+    return DTYPES[dtype_name], linear or "auto", cpu_kernels or "auto"
 
 
 def bench_variant(result: dict, shape: str, variant: str, args) -> None:
-    dtype, kernel = parse_variant(variant)
+    dtype, linear, cpu_kernels = parse_variant(variant)
     torch.manual_seed(0)
     model = MistralForCausalLM(SHAPES[shape]).eval()
     twin = None if args.no_hf else build_hf(model)
@@ -127,8 +131,9 @@ def bench_variant(result: dict, shape: str, variant: str, args) -> None:
         n_prompts, samples, new, temp = LOADS[load]
         g = torch.Generator().manual_seed(1)
         prompts = torch.randint(3, model.config.vocab_size, (n_prompts, PROMPT_LEN), generator=g).tolist()
-        client = make_client(model, new, not args.no_batch_invariant, kernel)
+        client = make_client(model, new, not args.no_batch_invariant, linear, cpu_kernels)
         result[f"{shape}_{variant.replace(':', '_')}_kernel"] = client.engine.linear_kernel
+        result[f"{shape}_{variant.replace(':', '_')}_cpu_kernels"] = client.engine.cpu_kernels
         run_align(client, prompts[:1], 1, 4, temp)  # warm-up: thread pools, allocator
         if twin is not None:
             run_hf(twin, prompts[:1], 1, 4, temp)
@@ -145,7 +150,8 @@ def main() -> None:
     ap.add_argument("--shapes", default="tiny,small")
     ap.add_argument("--loads", default="b1,b16,grpo")
     ap.add_argument("--variants", default="float32,float32:torch,bfloat16,bfloat16:torch",
-                    help="dtype[:kernel], kernel = auto (default), torch or onednn")
+                    help="dtype[:linear[:cpu_kernels]]: linear = auto (default), torch or onednn; cpu_kernels = "
+                         "auto (default), torch or native")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--no-hf", action="store_true", help="skip transformers even when installed")

@@ -4,7 +4,9 @@ Code digest: sha256 over the sorted source files of the static import closure (f
 nothing is imported) of a stage's worker module, restricted to the project's own packages. Editing `align/train/dpo_loss.py`
 changes the digest of every stage whose worker can reach it through imports (DPO and what follows) and of no other.
 The closure is conservative: imports inside functions and under `if TYPE_CHECKING:` count, and importing
-`a.b.c` also counts `a/__init__.py` and `a/b/__init__.py`, because Python executes them."""
+`a.b.c` also counts `a/__init__.py` and `a/b/__init__.py`, because Python executes them. A package's C sources
+(the files under a `csrc/` folder beside a module of the closure, built at run time by align/kernels/native.py)
+count as that module's code too."""
 
 from __future__ import annotations
 
@@ -105,11 +107,20 @@ def import_closure(root: Path, modules: Iterable[str], packages: Iterable[str]) 
     return found
 
 
+def _with_csrc(paths: Iterable[Path]) -> set[Path]:
+    """The files plus every file under a `csrc/` folder beside one of them."""
+    files = set(paths)
+    for folder in {p.parent / "csrc" for p in files}:
+        if folder.is_dir():
+            files.update(f for f in folder.rglob("*") if f.is_file())
+    return files
+
+
 def code_digest(root: Path, modules: Iterable[str], packages: Iterable[str] = ("align",)) -> str:
-    """sha256 over (relative path, file sha256) of the sorted import closure of `modules`."""
+    """sha256 over (relative path, file sha256) of the sorted import closure of `modules` (with its C sources)."""
     root = Path(root).resolve()
-    files = sorted({p.relative_to(root).as_posix(): p for p in import_closure(root, set(modules), packages).values()}
-                   .items())
+    closure = _with_csrc(import_closure(root, set(modules), packages).values())
+    files = sorted({p.relative_to(root).as_posix(): p for p in closure}.items())
     h = hashlib.sha256()
     for rel, path in files:
         h.update(f"{rel}\0{_file_sha(_signature(path))}\n".encode())

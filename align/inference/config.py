@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 LINEAR_KERNELS = ("auto", "torch", "onednn")  # EngineConfig.linear_kernel (fused_layers.py)
+CPU_KERNELS = ("auto", "torch", "native")  # EngineConfig.cpu_kernels (paged_attention.py, sampler.py)
 
 
 @dataclass(frozen=True)
@@ -51,8 +52,8 @@ class EngineConfig:
     enable_prefix_caching: bool = True  # share computed prompt blocks between sequences with the same prefix
     seed: int = 0  # base of the per-request seed for requests that bring none
     # Pad each step's matmuls to row counts whose rounding matches any larger batch (measured on the host when the
-    # engine first steps, row_invariance.py), and attention calls to >= 4 query rows. With it, and block_size a
-    # multiple of 16 (attention keys then come in whole 16-key chunks), a sequence's tokens and log-probs are
+    # engine first steps, row_invariance.py), and "torch" attention calls to >= 4 query rows. With it, and block_size
+    # a multiple of 16 (attention keys then come in whole 16-key chunks), a sequence's tokens and log-probs are
     # bitwise the same alone or in any batch; without it they can differ in the last bits, and a greedy near-tie
     # can flip. Costs the padded rows at small batches (oneDNN: none on an AMD EPYC; MKL: 1-3 rows there, up to 15
     # on an Intel Xeon) and a one-off probe of the kernels (~0.1-1 s for the tiny/small shapes in fp32).
@@ -65,6 +66,15 @@ class EngineConfig:
     # every weight (repacked after a weight update); "torch" gives the forward's own bits and shares the model's
     # o/down/head weights (only q/k/v and gate/up are fused copies) where that memory or those bits matter.
     linear_kernel: str = "auto"
+    # The engine's own C kernels (align/kernels/csrc, built by align/kernels/native.py with a C compiler on PATH or
+    # in $CC): "native" = paged attention that reads every token's keys and values from their blocks in place, one
+    # call per layer for the whole step (paged_attention.c), and the sampler's row reductions (sampling.c: argmax +
+    # logsumexp of greedy rows, exp weights + chunk masses of sampled rows) in one pass each; "torch" = torch ops:
+    # gather each sequence's blocks into a padded tensor, then F.scaled_dot_product_attention, and the sampler's
+    # torch passes (CUDA's path). "auto" = "native" for a CPU model with head_dim and block_size multiples of 16
+    # where the kernels build, else "torch". Both are batch invariant; they round differently (attention outputs
+    # within ~1e-6, log-probs within ~1e-6).
+    cpu_kernels: str = "auto"
 
     def __post_init__(self):
         problems = []
@@ -77,5 +87,7 @@ class EngineConfig:
             problems.append(f"num_blocks must be >= 1, got {self.num_blocks}")
         if self.linear_kernel not in LINEAR_KERNELS:
             problems.append(f"linear_kernel must be one of {LINEAR_KERNELS}, got {self.linear_kernel!r}")
+        if self.cpu_kernels not in CPU_KERNELS:
+            problems.append(f"cpu_kernels must be one of {CPU_KERNELS}, got {self.cpu_kernels!r}")
         if problems:
             raise ValueError("EngineConfig: " + "; ".join(problems))

@@ -8,8 +8,9 @@ request larger than the whole cache) gets an error result of its own; the others
 Determinism: with `batch_invariant` (the default) and a block size that is a multiple of 16, a request's tokens and
 log-probs are bitwise the same whatever else is in the batch, in which order, however its prompt is chunked, and
 whether it was preempted or took its prefix from the cache (tests/inference/test_engine.py proves it on CPU; it
-rests on properties of the host's GEMM/SDPA kernels: the GEMMs' are measured on the host when the engine first
-steps, see row_invariance.py and ModelRunner.pad_rows; SDPA's 4-query-row floor is in paged_attention.py)."""
+rests on properties of the host's GEMM kernels, measured on the host when the engine first steps, see
+row_invariance.py and ModelRunner.pad_rows; the "native" attention kernel computes every token on its own in a fixed
+order, and the "torch" one relies on SDPA's 4-query-row floor, see paged_attention.py)."""
 
 from __future__ import annotations
 
@@ -51,7 +52,8 @@ class Engine:
         num_blocks = config.num_blocks or self._auto_num_blocks(mcfg)
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.block_manager)
-        self.runner = ModelRunner(model, num_blocks, config.block_size, config.batch_invariant, config.linear_kernel)
+        self.runner = ModelRunner(model, num_blocks, config.block_size, config.batch_invariant, config.linear_kernel,
+                                  config.cpu_kernels)
         self.weight_version = 0
         self._weights_stamp = self._stamp()
         self.stats = EngineStats()
@@ -62,6 +64,12 @@ class Engine:
     def linear_kernel(self) -> str:
         """The matmul kernel this engine runs ("onednn" or "torch"; EngineConfig.linear_kernel "auto" resolved)."""
         return self.runner.decoder.kernel
+
+    @property
+    def cpu_kernels(self) -> str:
+        """The attention and sampling kernels this engine runs ("native" or "torch"; EngineConfig.cpu_kernels
+        "auto" resolved)."""
+        return self.runner.cpu_kernels
 
     def _auto_num_blocks(self, mcfg) -> int:
         per_block = ModelRunner.bytes_per_block(mcfg, self.config.block_size, self.model.lm_head.weight.dtype)

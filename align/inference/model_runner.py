@@ -20,7 +20,9 @@ import torch
 
 from align.inference.fused_layers import FusedDecoder
 from align.inference.row_invariance import REFERENCE_ROWS, padder
-from align.inference.paged_attention import AttnGroup, build_group, group_attention, write_kv
+from align.inference.paged_attention import (AttnGroup, NativeAttention, NativePlan, build_group, build_native_plan,
+                                             group_attention, native_cache_shapes, native_write_kv,
+                                             resolve_cpu_kernels, write_kv)
 from align.inference.sampler import RowParams, sample
 from align.inference.scheduler import StepPlan
 from align.inference.sequence import Sequence
@@ -33,14 +35,15 @@ class StepInputs:
     input_ids: torch.Tensor  # (N,) int64
     positions: torch.Tensor  # (N,) int64
     slots: torch.Tensor  # (N,) int64: cache slot of each token
-    groups: tuple[AttnGroup, ...]
+    groups: tuple[AttnGroup, ...]  # the "torch" kernel's query-shape groups (empty for "native")
+    native: NativePlan | None  # the "native" kernel's per-token plan (None for "torch")
     sample_index: torch.Tensor  # (S',) int64: flat index of the last token of each sampling sequence (padded)
     sample_seqs: list[Sequence]
 
 
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, num_blocks: int, block_size: int, batch_invariant: bool = True,
-                 linear_kernel: str = "auto"):
+                 linear_kernel: str = "auto", cpu_kernels: str = "auto"):
         cfg = model.config
         self.model = model
         self.block_size = block_size
@@ -49,12 +52,21 @@ class ModelRunner:
         self.sliding_window = cfg.sliding_window
         weight = model.model.embed_tokens.weight
         self.device = weight.device
+        self.decoder = FusedDecoder(model, linear_kernel)
+        self.cpu_kernels = resolve_cpu_kernels(cpu_kernels, self.device, weight.dtype,
+                                                         cfg.num_attention_heads, cfg.num_key_value_heads,
+                                                         cfg.head_dim, block_size)
+        self.native_attention = NativeAttention() if self.cpu_kernels == "native" else None
         shape = (cfg.num_hidden_layers, num_blocks + 1, block_size, cfg.num_key_value_heads, cfg.head_dim)
+        k_shape, v_shape = shape, shape
+        if self.native_attention is not None:
+            k_shape, v_shape = native_cache_shapes(cfg.num_hidden_layers, num_blocks + 1, block_size,
+                                                   cfg.num_key_value_heads, cfg.head_dim)
+        self.write_kv = native_write_kv if self.native_attention is not None else write_kv
         # NOTE: zeros, not empty: a masked-out key still enters SDPA, and a NaN from uninitialised memory there
         # turns 0 * NaN into NaN in the output.
-        self.k_cache = torch.zeros(shape, dtype=weight.dtype, device=self.device)
-        self.v_cache = torch.zeros(shape, dtype=weight.dtype, device=self.device)
-        self.decoder = FusedDecoder(model, linear_kernel)
+        self.k_cache = torch.zeros(k_shape, dtype=weight.dtype, device=self.device)
+        self.v_cache = torch.zeros(v_shape, dtype=weight.dtype, device=self.device)
         self._pads: dict[int, Callable[[int], int]] = {}  # torch thread count -> row padder
         # The sampler's probabilities buffer, reused every step: a fresh 2 MB (16 x 32k fp32) tensor per sampling
         # block is returned to and faulted in from the OS by glibc's allocator.
@@ -93,8 +105,14 @@ class ModelRunner:
                 sample_index.append(len(ids) - 1)
                 sample_seqs.append(seq)
             rows[n != 1].append((start, n, table))
+        # Pad tokens and sampling rows to batch-invariant row counts (pad_rows): padding tokens are token 0 at
+        # position 0 writing to the trash slot; padding sampling rows repeat the last one.
+        pad = self.pad_rows(len(ids)) - len(ids)
+        native = None
+        if self.native_attention is not None:
+            native = build_native_plan(rows[0] + rows[1], len(ids) + pad, bs, self.sliding_window)
         groups, offset = [], 0
-        for members in rows:
+        for members in rows if native is None else ():
             if members:
                 n_tok = sum(m[1] for m in members)
                 starts, lengths, tables = zip(*members)
@@ -102,14 +120,11 @@ class ModelRunner:
                                           slice(offset, offset + n_tok), self.sliding_window, self.k_cache.dtype,
                                           self.device))
                 offset += n_tok
-        # Pad tokens and sampling rows to batch-invariant row counts (pad_rows): padding tokens are token 0 at
-        # position 0 writing to the trash slot; padding sampling rows repeat the last one.
-        pad = self.pad_rows(len(ids)) - len(ids)
         ids, pos, slots = ids + [0] * pad, pos + [0] * pad, slots + [self.trash_slot] * pad
         if sample_index:
             sample_index += sample_index[-1:] * (self.pad_rows(len(sample_index)) - len(sample_index))
         as_long = lambda x: torch.tensor(x, dtype=torch.int64, device=self.device)  # noqa: E731
-        return StepInputs(as_long(ids), as_long(pos), as_long(slots), tuple(groups), as_long(sample_index),
+        return StepInputs(as_long(ids), as_long(pos), as_long(slots), tuple(groups), native, as_long(sample_index),
                           sample_seqs)
 
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
@@ -127,8 +142,10 @@ class ModelRunner:
         rope = m.layers[0].self_attn.rope(inputs.positions, hidden.dtype) if len(m.layers) else None
         for i in range(len(m.layers)):
             q, k, v = dec.qkv(i, hidden, rope)  # (N, H, Dh), (N, KVH, Dh) x2
-            write_kv(self.k_cache[i], self.v_cache[i], inputs.slots, k, v)
-            if len(inputs.groups) == 1 and inputs.groups[0].token_slice.stop == q.shape[0]:
+            self.write_kv(self.k_cache[i], self.v_cache[i], inputs.slots, k, v)
+            if inputs.native is not None:
+                out = self.native_attention(q, self.k_cache[i], self.v_cache[i], inputs.native, self.sliding_window)
+            elif len(inputs.groups) == 1 and inputs.groups[0].token_slice.stop == q.shape[0]:
                 out = group_attention(q, self.k_cache[i], self.v_cache[i], inputs.groups[0])
             else:
                 out = torch.zeros_like(q)  # padding rows stay zero
@@ -151,7 +168,7 @@ class ModelRunner:
             for sub in range(0, min(logits.shape[0], len(seqs) - lo), SAMPLE_CHUNK_ROWS):
                 rows = slice(lo + sub, min(lo + sub + SAMPLE_CHUNK_ROWS, len(seqs)))
                 tok, lp, mlp = sample(logits[sub:sub + rows.stop - rows.start], params.rows(rows),
-                                      self.sample_workspace)
+                                      self.sample_workspace, self.native_attention is not None)
                 tokens += tok.tolist()
                 logprobs += lp.tolist()
                 model_logprobs += mlp.tolist()

@@ -8,14 +8,23 @@ block written earlier in the same layer (a prompt computed in this very step) is
 
 The rows of a step are split in two groups with different query shapes: decoding sequences (one query each, the
 common case, with the query heads of a KV group folded into the query axis so SDPA runs without repeating K/V) and
-sequences processing several tokens (prefill chunks, recomputation), padded to the longest chunk."""
+sequences processing several tokens (prefill chunks, recomputation), padded to the longest chunk.
+
+That is the "torch" path (`EngineConfig.cpu_kernels`), the one for CUDA. On a CPU the default is "native":
+align/kernels/csrc/paged_attention.c reads each token's keys and values from their blocks in place (no gather, no
+padding, no mask) in one call per layer for the whole step, every token on its own (`NativePlan`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import ctypes
+
 import torch
 import torch.nn.functional as F
+
+from align.inference.config import CPU_KERNELS
+from align.kernels import native
 
 # NOTE: CPU SDPA rounds differently when a (batch, kv head) has fewer than 4 query rows (measured: 1-3 rows differ
 # from 4+ by ~1e-7, 4..70 rows agree bitwise). Padding every call to at least 4 query rows makes a query's output
@@ -98,3 +107,124 @@ def group_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     q_pad = q_pad.view(R, tq, h, dh).transpose(1, 2)  # (R, H, Tq, Dh)
     out = F.scaled_dot_product_attention(q_pad, k, v, attn_mask=group.mask, enable_gqa=h != kvh)
     return out.transpose(1, 2).reshape(R * tq, h, dh)[group.pad_index]  # (n_tokens, H, Dh)
+
+
+_NATIVE_DTYPES = (torch.float32, torch.bfloat16)
+_I64, _PTR = ctypes.c_int64, ctypes.c_void_p
+
+
+@dataclass(frozen=True)
+class NativePlan:
+    """Where each of the step's N tokens reads its keys (the "native" kernel)."""
+
+    block_tables: torch.Tensor  # (R, nb) int64, rows padded with block 0 (never read: keys stop at the position)
+    tok_row: torch.Tensor  # (N,) int64: the token's row in block_tables, -1 for a padding token (zero output)
+    tok_pos: torch.Tensor  # (N,) int64: its position; it attends to keys max(0, pos - window + 1) .. pos
+    max_keys: int  # the most keys any token attends to (sizes the kernel's score scratch)
+
+
+def build_native_plan(rows: list[tuple[int, int, list[int]]], n_tokens: int, block_size: int,
+                      sliding_window: int | None) -> NativePlan:
+    """rows[r] = (cached tokens before this step, tokens it processes now, block table), in the step's token order;
+    tokens past the rows' total (up to n_tokens) are padding."""
+    nb = max(-(-(start + n) // block_size) for start, n, _ in rows)
+    tables = [table[:nb] + [0] * (nb - len(table[:nb])) for _, _, table in rows]
+    tok_row, tok_pos = [], []
+    for r, (start, n, _) in enumerate(rows):
+        tok_row += [r] * n
+        tok_pos += range(start, start + n)
+    pad = n_tokens - len(tok_row)
+    longest = max(start + n for start, n, _ in rows)
+    as_long = lambda x: torch.tensor(x, dtype=torch.int64)  # noqa: E731
+    return NativePlan(as_long(tables), as_long(tok_row + [-1] * pad), as_long(tok_pos + [0] * pad),
+                      min(longest, sliding_window) if sliding_window else longest)
+
+
+def _native_lib() -> ctypes.CDLL:
+    lib = native.load("paged_attention")
+    if not getattr(lib, "_align_typed", False):
+        lib.align_paged_attention.argtypes = [_PTR, _PTR, _PTR, _I64, _PTR, _I64, _PTR, _PTR, _I64, _I64, _I64, _I64,
+                                              _I64, _I64, ctypes.c_float, _PTR, _PTR, _I64, _I64]
+        lib.align_paged_attention.restype = ctypes.c_int
+        lib.align_paged_attention_scratch.argtypes = [_I64, _I64, _I64, _I64]
+        lib.align_paged_attention_scratch.restype = _I64
+        lib._align_typed = True
+    return lib
+
+
+def native_unsupported(device: torch.device, dtype: torch.dtype, heads: int, kv_heads: int, head_dim: int,
+                       block_size: int) -> str | None:
+    """Why the "native" kernel cannot serve this cache (None: it can)."""
+    if device.type != "cpu":
+        return f"it runs on CPU tensors, the cache is on {device}"
+    if dtype not in _NATIVE_DTYPES:
+        return f"it reads float32 or bfloat16 caches, not {dtype}"
+    if heads % kv_heads or heads > 256:
+        return f"it needs at most 256 query heads, a multiple of the KV heads: got {heads} / {kv_heads}"
+    if head_dim % 16 or block_size % 16:
+        return f"it needs head_dim and block_size multiples of 16, got {head_dim} and {block_size}"
+    try:
+        _native_lib()
+        native.load("sampling")  # the sampler's half of cpu_kernels "native" (sampler.py)
+    except native.NativeUnavailable as err:
+        return str(err)
+    return None
+
+
+def resolve_cpu_kernels(kernel: str, device: torch.device, dtype: torch.dtype, heads: int,
+                             kv_heads: int, head_dim: int, block_size: int) -> str:
+    """EngineConfig.cpu_kernels -> the kernel to run: "auto" is "native" where it can run, else "torch"."""
+    if kernel not in CPU_KERNELS:
+        raise ValueError(f"EngineConfig.cpu_kernels must be one of {CPU_KERNELS}, got {kernel!r}")
+    if kernel == "torch":
+        return kernel
+    why = native_unsupported(device, dtype, heads, kv_heads, head_dim, block_size)
+    if why is None:
+        return "native"
+    if kernel == "native":
+        raise ValueError(f"cpu_kernels 'native' cannot run here: {why}")
+    return "torch"
+
+
+def native_cache_shapes(layers: int, blocks: int, block_size: int, kv_heads: int,
+                        head_dim: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The "native" kernel's K and V cache shapes: keys transposed within a block (see csrc/paged_attention.c)."""
+    return (layers, blocks, kv_heads, head_dim, block_size), (layers, blocks, kv_heads, block_size, head_dim)
+
+
+def native_write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, k: torch.Tensor,
+                    v: torch.Tensor) -> None:
+    """write_kv for the native layout: one layer's K (blocks, KVH, Dh, bs) and V (blocks, KVH, bs, Dh)."""
+    bs = k_cache.shape[-1]
+    block, offset = slots // bs, slots % bs
+    k_cache.permute(0, 3, 1, 2).index_put_((block, offset), k.to(k_cache.dtype))  # (blocks, bs, KVH, Dh) view
+    v_cache.transpose(1, 2).index_put_((block, offset), v.to(v_cache.dtype))
+
+
+class NativeAttention:
+    """The "native" kernel for one runner: a scratch buffer reused across calls (grown on demand)."""
+
+    def __init__(self):
+        self.lib = _native_lib()
+        self.scratch = torch.empty(0, dtype=torch.float32)
+
+    def __call__(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: NativePlan,
+                 window: int | None) -> torch.Tensor:
+        """q: (N, H, Dh) of all the step's tokens; caches: one layer's, native_cache_shapes -> (N, H, Dh)."""
+        n, h, dh = q.shape
+        kvh, bs = k_cache.shape[1], k_cache.shape[3]
+        assert k_cache.is_contiguous() and v_cache.is_contiguous() and k_cache.dtype == v_cache.dtype
+        assert k_cache.shape[2] == dh and v_cache.shape[1:] == (kvh, bs, dh) and bs % 16 == 0 and dh % 16 == 0
+        assert plan.tok_row.shape == (n,) and k_cache.dtype in _NATIVE_DTYPES
+        threads = max(1, torch.get_num_threads())
+        per_worker = self.lib.align_paged_attention_scratch(h, kvh, dh, plan.max_keys)
+        if self.scratch.numel() < threads * per_worker:
+            self.scratch = torch.empty(threads * per_worker, dtype=torch.float32)
+        q32 = q.to(torch.float32).contiguous()
+        out = torch.empty((n, h, dh), dtype=torch.float32)
+        self.lib.align_paged_attention(
+            q32.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), int(k_cache.dtype == torch.bfloat16),
+            plan.block_tables.data_ptr(), plan.block_tables.shape[1], plan.tok_row.data_ptr(),
+            plan.tok_pos.data_ptr(), n, h, kvh, dh, bs, window or 0, dh ** -0.5, out.data_ptr(),
+            self.scratch.data_ptr(), plan.max_keys, threads)
+        return out if q.dtype == torch.float32 else out.to(q.dtype)

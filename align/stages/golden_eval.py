@@ -114,7 +114,8 @@ def judged_passes(cfg: GoldenEvalStageConfig, model, tok, problems) -> tuple[dic
     metrics = {**greedy_metrics([j for j, _ in greedy]), **sampled_metrics([j for j, _ in sampled], cfg.sampled.ks),
                "eval_set_hash": eval_set_hash(greedy_set), "sampled_set_hash": eval_set_hash(sampled_set)}
     records = [{"pass": "greedy", **r} for _, r in greedy] + [{"pass": "sampled", **r} for _, r in sampled]
-    metrics["engine_linear_kernel"] = engine.linear_kernel  # the golden texts are this kernel's rounding
+    # the golden texts are these kernels' rounding
+    metrics.update(engine_linear_kernel=engine.linear_kernel, engine_cpu_kernels=engine.cpu_kernels)
     return metrics, records, engine.stats.generated_tokens / max(engine.stats.wall_s, 1e-9)
 
 

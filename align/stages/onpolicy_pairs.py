@@ -152,6 +152,7 @@ def main() -> int:
         "source": "onpolicy_pairs", "record_kind": "pairs", "format": "onpolicy", "rows_in": len(pairs),
         "rows_out": metrics["pairs"], "duplicates": 0, "rejected": 0, "rejections": [], "sampling": metrics})
     metrics.update({"policy_content_hash": identity["content_hash"], "engine_linear_kernel": engine.linear_kernel,
+                    "engine_cpu_kernels": engine.cpu_kernels,
                     "decode_tokens_per_s": round(engine.stats.generated_tokens / max(engine.stats.wall_s, 1e-9), 1),
                     "wall_s": round(time.perf_counter() - t0, 2)})
     atomic_write_json(run_dir / "metrics.json", metrics)

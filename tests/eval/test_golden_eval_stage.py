@@ -84,6 +84,7 @@ def test_metrics_outputs_and_golden_regression(project):
     assert len(m["eval_set_hash"]) == 64 and m["eval_set_hash"] != m["sampled_set_hash"]
     assert m["roundtrip"]["forward_equal"] and m["golden"]["status"] == "no_anchor"
     assert m["engine_linear_kernel"] == ("onednn" if torch.backends.mkldnn.is_available() else "torch")  # "auto"
+    assert m["engine_cpu_kernels"] in ("native", "torch")  # "auto": native where a C compiler builds it
     out = project / "runs/smoke/golden_eval/sft/out"
     manifest = read_manifest(out, kind="golden_eval", verify_hashes=True)
     assert set(manifest["files"]) == {"samples.jsonl", "golden.json"}

@@ -46,6 +46,19 @@ def full_forward_logits(model, prompt: list[int], completion: list[int]) -> torc
     return model(ids)[0, len(prompt) - 1:-1].float()
 
 
+def assert_greedy_and_logprob_contracts(model, config: EngineConfig) -> None:
+    """Greedy tokens equal the no-cache argmax loop, and their log-probs a full forward within 1e-5, for a mixed
+    batch (prompt lengths 3-40, three running at once, a 24-token budget: chunked prefill, joining mid-flight)."""
+    prompts = random_prompts([3, 17, 40, 9, 26], model.config.vocab_size, seed=1)
+    results = Engine(model, config).generate([GenerationRequest(p, SamplingParams(0.0, max_new_tokens=12))
+                                              for p in prompts])
+    for p, r in zip(prompts, results):
+        assert r.token_ids == naive_greedy(model, p, 12)
+        ref = full_forward_logits(model, p, r.token_ids).log_softmax(-1)
+        ref = ref.gather(1, torch.tensor(r.token_ids)[:, None]).squeeze(1)
+        torch.testing.assert_close(torch.tensor(r.model_logprobs), ref, atol=1e-5, rtol=0)
+
+
 def assert_batch_invariant(model, **engine_kwargs) -> None:
     """Tokens and both log-probs of every request are bitwise the same alone as in batches of other requests,
     reversed, with small token budgets (chunked prefill), few running sequences, preemption with recompute and a

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from align.inference import Engine, EngineConfig, GenerationRequest, SamplingParams
-from inference_helpers import assert_batch_invariant, full_forward_logits, naive_greedy, random_prompts, small_model
+from inference_helpers import (assert_batch_invariant, assert_greedy_and_logprob_contracts, full_forward_logits,
+                               naive_greedy, random_prompts, small_model)
 
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
 ONEDNN = EngineConfig(linear_kernel="onednn")
@@ -23,15 +24,8 @@ def model():
 
 
 def test_onednn_greedy_matches_the_naive_loop_and_logprobs_a_full_forward(model):
-    prompts = random_prompts([3, 17, 40, 9, 26], model.config.vocab_size, seed=1)
-    engine = Engine(model, EngineConfig(linear_kernel="onednn", block_size=8, max_num_seqs=3,
-                                        max_num_batched_tokens=24))
-    results = engine.generate([GenerationRequest(p, SamplingParams(0.0, max_new_tokens=12)) for p in prompts])
-    for p, r in zip(prompts, results):
-        assert r.token_ids == naive_greedy(model, p, 12)
-        ref = full_forward_logits(model, p, r.token_ids).log_softmax(-1)
-        ref = ref.gather(1, torch.tensor(r.token_ids)[:, None]).squeeze(1)
-        torch.testing.assert_close(torch.tensor(r.model_logprobs), ref, atol=1e-5, rtol=0)
+    assert_greedy_and_logprob_contracts(model, EngineConfig(linear_kernel="onednn", block_size=8, max_num_seqs=3,
+                                                            max_num_batched_tokens=24))
 
 
 @torch.no_grad()

@@ -47,6 +47,16 @@ def test_digest_changes_only_with_the_closure(tree):
     assert code_digest(tree, ["pkg.stages.b"], ["pkg"]) == db
 
 
+def test_c_sources_beside_a_module_count_as_its_code(tree):
+    (tree / "pkg/deep/csrc").mkdir()
+    kernel = tree / "pkg/deep/csrc/kernel.c"
+    kernel.write_text("int f(void) { return 1; }\n")
+    a, b = code_digest(tree, ["pkg.stages.a"], ["pkg"]), code_digest(tree, ["pkg.stages.b"], ["pkg"])
+    kernel.write_text("int f(void) { return 2; }\n")
+    assert code_digest(tree, ["pkg.stages.a"], ["pkg"]) != a  # a imports pkg.deep.mod, beside csrc/
+    assert code_digest(tree, ["pkg.stages.b"], ["pkg"]) == b  # b never reaches pkg.deep
+
+
 def test_real_tree_keeps_dpo_code_out_of_sft():
     root = REPO_ROOT
     if not (root / "align/train/sft_module.py").is_file() or not (root / "align/train/dpo_loss.py").is_file():

@@ -1,0 +1,223 @@
+/* Attention of a flat batch of query tokens over a paged KV cache, read in place (CPU).
+
+   Built and loaded by align/kernels/native.py (cc -O3 -march=native, ctypes); the caller in
+   align/inference/paged_attention.py checks every shape, dtype and index before calling, so nothing here
+   re-validates.
+
+   Token t of the step belongs to row tok_row[t] (-1: a padding token, whose output is zeros) and sits at position
+   tok_pos[t]; it attends to its row's keys lo..tok_pos[t] (lo = tok_pos[t] - window + 1 with a sliding window,
+   else 0). Key j of a row lives in block block_tables[row][j / bs] at offset j % bs. The cache layout is this
+   kernel's own: keys (blocks, KVH, Dh, bs), i.e. transposed within a block, so 16 consecutive keys' d-th
+   components are one vector and a query's scores for 16 keys are Dh broadcast multiply-adds with no horizontal
+   sums; values (blocks, KVH, bs, Dh), accumulated in registers. bs and Dh are multiples of 16 (checked by the
+   caller). The G = H / KVH query heads of one KV head are computed together, so each key and value vector is read
+   once for all of them; a block's slice of one head is one contiguous run, and the next block of the row is
+   prefetched while one is read (blocks are scattered; the hardware prefetcher only follows the run it is in).
+
+   Every (token, KV head) pair is computed on its own, in one fixed order of operations whatever else is in the
+   batch: a token's result is bitwise the same alone, in any batch, decoded or in a prefill chunk, on any number of
+   threads. Scores sum over d in order, the softmax's max and sum run in key order, values accumulate in key order;
+   all in fp32 for both cache dtypes (fp32, bf16). exp is vexp.h's. */
+
+#include <pthread.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "vexp.h"
+
+typedef uint32_t v16u __attribute__((vector_size(64)));
+typedef uint16_t v16h __attribute__((vector_size(32)));
+
+typedef struct {
+    const float *q;              /* (N, H, Dh) fp32 */
+    const void *k;               /* (blocks, KVH, Dh, bs): a block's keys of one head, transposed */
+    const void *v;               /* (blocks, KVH, bs, Dh) */
+    const int64_t *tables;       /* (R, nb) */
+    const int64_t *tok_row, *tok_pos;
+    float *out;                  /* (N, H, Dh) fp32 */
+    float *scratch;              /* per worker, see align_paged_attention_scratch */
+    int64_t nb, N, H, KVH, Dh, bs, window, max_keys, bf16;
+    float scale;
+    int64_t first, last;         /* this worker's (token, kv head) items */
+} Job;
+
+/* 16 consecutive cache values at element index idx, as fp32 (bf16 is the top half of an fp32). */
+static inline v16 load16(const Job *j, const void *base, int64_t idx) {
+    v16 x;
+    if (j->bf16) {
+        v16h h;
+        memcpy(&h, (const uint16_t *)base + idx, 32);
+        v16u u = __builtin_convertvector(h, v16u) << 16;
+        memcpy(&x, &u, 64);
+    } else {
+        memcpy(&x, (const float *)base + idx, 64);
+    }
+    return x;
+}
+
+static inline void prefetch(const void *base, int64_t idx, int64_t n, int64_t esz) {
+    const char *p = (const char *)base + idx * esz;
+    for (int64_t b = 0; b < n * esz; b += 64) __builtin_prefetch(p + b);
+}
+
+/* exp(x - max) for x <= max, in place over n values; returns their sum (in index order). */
+static float exp_sum(float *x, int64_t n, float max) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        v16 y;
+        memcpy(&y, x + i, 64);
+        y = exp16(y - max);
+        memcpy(x + i, &y, 64);
+    }
+    for (; i < n; i++) x[i] = exp1(x[i] - max);
+    float s = 0.0f;
+    for (i = 0; i < n; i++) s += x[i];
+    return s;
+}
+
+/* Scores of query heads g0..g0+ng-1 (ng <= 4) against the 16 keys of one chunk: s[g * stride + 0..15]. */
+static inline void scores16(const Job *j, const float *qs, int64_t g0, int64_t ng, int64_t kidx, float *s,
+                            int64_t stride) {
+    const int64_t Dh = j->Dh, bs = j->bs;
+    v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+    const float *q0 = qs + g0 * Dh, *q1 = q0 + Dh, *q2 = q1 + Dh, *q3 = q2 + Dh;
+    for (int64_t d = 0; d < Dh; d++) {
+        const v16 k = load16(j, j->k, kidx + d * bs);
+        a0 += q0[d] * k;
+        if (ng > 1) a1 += q1[d] * k;
+        if (ng > 2) a2 += q2[d] * k;
+        if (ng > 3) a3 += q3[d] * k;
+    }
+    memcpy(s + (g0 + 0) * stride, &a0, 64);
+    if (ng > 1) memcpy(s + (g0 + 1) * stride, &a1, 64);
+    if (ng > 2) memcpy(s + (g0 + 2) * stride, &a2, 64);
+    if (ng > 3) memcpy(s + (g0 + 3) * stride, &a3, 64);
+}
+
+/* acc[g][.] = sum over the item's valid keys of w[g][key] * V[key][col .. col + 16 * DH16) for query heads
+   g0..g0+min(GB, ng)-1, with the accumulators held in registers (GB x DH16 vectors), then written to out scaled by
+   1 / sums[g]. */
+#define DEFINE_PV(GB, DH16)                                                                                      \
+    static void pv_##GB##_##DH16(const Job *j, const int64_t *table, int64_t h, int64_t lo, int64_t n,           \
+                                 const float *w, int64_t stride, int64_t g0, int64_t ng, const float *sums,      \
+                                 float *outp, int64_t col) {                                                     \
+        const int64_t bs = j->bs, Dh = j->Dh, esz = j->bf16 ? 2 : 4;                                             \
+        v16 acc[GB][DH16];                                                                                       \
+        memset(acc, 0, sizeof(acc));                                                                             \
+        int64_t i = 0, blk = lo / bs, off = lo % bs;                                                             \
+        const int64_t last_blk = (lo + n - 1) / bs;                                                              \
+        while (i < n) {                                                                                          \
+            const int64_t base = (table[blk] * j->KVH + h) * bs * Dh;                                            \
+            if (blk < last_blk) prefetch(j->v, (table[blk + 1] * j->KVH + h) * bs * Dh, bs * Dh, esz);            \
+            for (; off < bs && i < n; off++, i++) {                                                              \
+                v16 vr[DH16];                                                                                    \
+                for (int c = 0; c < DH16; c++) vr[c] = load16(j, j->v, base + off * Dh + col + c * 16);          \
+                for (int g = 0; g < GB; g++) {                                                                   \
+                    if (g < ng) {                                                                                \
+                        const float wg = w[(g0 + g) * stride + i];                                               \
+                        for (int c = 0; c < DH16; c++) acc[g][c] += wg * vr[c];                                  \
+                    }                                                                                            \
+                }                                                                                                \
+            }                                                                                                    \
+            blk++;                                                                                               \
+            off = 0;                                                                                             \
+        }                                                                                                        \
+        for (int g = 0; g < GB && g < ng; g++) {                                                                 \
+            const float inv = 1.0f / sums[g0 + g];                                                               \
+            for (int c = 0; c < DH16; c++) {                                                                     \
+                v16 o = acc[g][c] * inv;                                                                         \
+                memcpy(outp + (g0 + g) * Dh + col + c * 16, &o, 64);                                             \
+            }                                                                                                    \
+        }                                                                                                        \
+    }
+DEFINE_PV(4, 1)
+DEFINE_PV(4, 2)
+DEFINE_PV(4, 4)
+DEFINE_PV(2, 8)
+
+static void attend(const Job *j, int64_t t, int64_t h, float *scratch) {
+    const int64_t G = j->H / j->KVH, Dh = j->Dh, bs = j->bs, esz = j->bf16 ? 2 : 4;
+    float *outp = j->out + (t * j->H + h * G) * Dh;
+    const int64_t row = j->tok_row[t];
+    if (row < 0) {
+        memset(outp, 0, (size_t)(G * Dh) * sizeof(float));
+        return;
+    }
+    const int64_t pos = j->tok_pos[t];
+    const int64_t lo = (j->window > 0 && pos - j->window + 1 > 0) ? pos - j->window + 1 : 0;
+    const int64_t n = pos - lo + 1;
+    const int64_t *table = j->tables + row * j->nb;
+    const int64_t c0 = lo / 16, nc = pos / 16 - c0 + 1, stride = nc * 16;
+    float *qs = scratch;                      /* (G, Dh) scaled queries */
+    float *s = scratch + G * Dh;              /* (G, nc * 16) scores of whole 16-key chunks, then weights */
+    float sums[256];                          /* H <= 256 checked by the caller */
+    const float *qp = j->q + (t * j->H + h * G) * Dh;
+    for (int64_t x = 0; x < G * Dh; x++) qs[x] = qp[x] * j->scale;
+    for (int64_t c = 0; c < nc; c++) {
+        const int64_t key = (c0 + c) * 16, blk = table[key / bs];
+        const int64_t kidx = (blk * j->KVH + h) * Dh * bs + key % bs;
+        if (key % bs == 0 && key + bs <= pos)  /* entering a block with another after it: fetch that one */
+            prefetch(j->k, (table[key / bs + 1] * j->KVH + h) * Dh * bs, Dh * bs, esz);
+        for (int64_t g0 = 0; g0 < G; g0 += 4) scores16(j, qs, g0, G - g0 < 4 ? G - g0 : 4, kidx, s + c * 16, stride);
+    }
+    const int64_t skip = lo - c0 * 16;  /* keys of the first chunk before lo (the last chunk's past pos are unused) */
+    for (int64_t g = 0; g < G; g++) {
+        float *sg = s + g * stride + skip;
+        float m = sg[0];
+        for (int64_t i = 1; i < n; i++) m = sg[i] > m ? sg[i] : m;
+        sums[g] = exp_sum(sg, n, m);
+    }
+    const float *w = s + skip;
+    /* head dims 32, 64, 128 in one sweep per group of heads; others in 64- and 16-column slices */
+    const int64_t DH16 = Dh / 16;
+    for (int64_t g0 = 0; g0 < G; g0 += DH16 == 8 ? 2 : 4) {
+        if (DH16 == 2) pv_4_2(j, table, h, lo, n, w, stride, g0, G - g0, sums, outp, 0);
+        else if (DH16 == 8) pv_2_8(j, table, h, lo, n, w, stride, g0, G - g0, sums, outp, 0);
+        else {
+            int64_t col = 0;
+            for (; col + 64 <= Dh; col += 64) pv_4_4(j, table, h, lo, n, w, stride, g0, G - g0, sums, outp, col);
+            for (; col < Dh; col += 16) pv_4_1(j, table, h, lo, n, w, stride, g0, G - g0, sums, outp, col);
+        }
+    }
+}
+
+static void *run(void *arg) {
+    const Job *j = (const Job *)arg;
+    for (int64_t item = j->first; item < j->last; item++) attend(j, item / j->KVH, item % j->KVH, j->scratch);
+    return NULL;
+}
+
+/* Scratch floats one worker needs (the caller allocates threads * this). */
+int64_t align_paged_attention_scratch(int64_t H, int64_t KVH, int64_t Dh, int64_t max_keys) {
+    return (H / KVH) * (Dh + max_keys + 32);
+}
+
+/* Returns 0, or -1 when a worker thread could not be started (its items then run on the calling thread). */
+int align_paged_attention(const float *q, const void *k, const void *v, int64_t bf16, const int64_t *tables,
+                          int64_t nb, const int64_t *tok_row, const int64_t *tok_pos, int64_t N, int64_t H,
+                          int64_t KVH, int64_t Dh, int64_t bs, int64_t window, float scale, float *out,
+                          float *scratch, int64_t max_keys, int64_t threads) {
+    const int64_t items = N * KVH, per_worker = align_paged_attention_scratch(H, KVH, Dh, max_keys);
+    if (threads < 1) threads = 1;
+    if (threads > items) threads = items > 0 ? items : 1;
+    if (threads > 64) threads = 64;
+    Job jobs[64];
+    pthread_t tids[64];
+    int started[64] = {0};
+    int rc = 0;
+    for (int64_t w = 0; w < threads; w++) {
+        Job j = {q, k, v, tables, tok_row, tok_pos, out, scratch + w * per_worker, nb, N, H, KVH, Dh, bs, window,
+                 max_keys, bf16, scale, items * w / threads, items * (w + 1) / threads};
+        jobs[w] = j;
+    }
+    for (int64_t w = 1; w < threads; w++) {
+        started[w] = pthread_create(&tids[w], NULL, run, &jobs[w]) == 0;
+        if (!started[w]) rc = -1;
+    }
+    run(&jobs[0]);
+    for (int64_t w = 1; w < threads; w++) {
+        if (started[w]) pthread_join(tids[w], NULL);
+        else run(&jobs[w]);
+    }
+    return rc;
+}

@@ -1,0 +1,103 @@
+"""Build a C kernel from align/kernels/csrc once per machine and load it with ctypes.
+
+Why C and ctypes: a few CPU kernels (paged decode attention) cannot be written well in torch ops (each op is a
+pass over memory, and SDPA cannot read a paged cache in place), Triton has no CPU backend, and a torch C++
+extension needs torch's headers (~1 minute of compilation on 2 cores) and ninja. A self-contained C file compiles
+in well under a second with the system's C compiler and is called on tensors' data pointers. The compiler is a
+build-time tool, not a Python dependency: where there is none (or it fails), `load` raises `NativeUnavailable` with
+the reason and the callers fall back to their torch path ("auto") or stop with that error (asked for explicitly).
+
+The library is cached under $ALIGN_NATIVE_CACHE (default ~/.cache/align/native) by a digest of the source, the
+flags, the compiler's version and the CPU's model and feature flags (`-march=native` code is only valid on the
+CPU it was built for; a home directory can be shared between machines). It is compiled to a private temporary
+name and published by rename, so concurrent processes (doit workers, ranks) never load a half-written file."""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+CSRC = Path(__file__).with_name("csrc")
+FLAGS = ("-O3", "-march=native", "-std=gnu11", "-fPIC", "-shared", "-pthread")
+
+_loaded: dict[str, ctypes.CDLL] = {}
+_failed: dict[str, str] = {}
+
+
+class NativeUnavailable(RuntimeError):
+    """The C kernel could not be built or loaded here; the message says why."""
+
+
+def _cpu_fingerprint() -> str:
+    lines = []
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("model name", "flags", "Features", "CPU part")):
+                    lines.append(line.strip())
+                if len(lines) >= 3:
+                    break
+    except OSError:
+        pass
+    return platform.machine() + "\n" + "\n".join(lines)
+
+
+def _compiler() -> str:
+    cc = os.environ.get("CC", "cc")
+    path = shutil.which(cc)
+    if path is None:
+        raise NativeUnavailable(f"no C compiler: {cc!r} is not on PATH (set CC to one)")
+    return path
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("ALIGN_NATIVE_CACHE")
+    if root:
+        return Path(root)
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "align" / "native"
+
+
+def _build(name: str) -> Path:
+    source = CSRC / f"{name}.c"
+    cc = _compiler()
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
+    sources = [f"{p.name}\n{p.read_text()}" for p in sorted(CSRC.iterdir()) if p.suffix in (".c", ".h")]
+    digest = hashlib.sha256(  # every source and header: an edited vexp.h rebuilds the kernels that include it
+        "\0".join([*sources, " ".join(FLAGS), version, _cpu_fingerprint()]).encode()).hexdigest()[:16]
+    out_dir = _cache_dir()
+    target = out_dir / f"{name}-{digest}.so"
+    if target.exists():
+        return target
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}-", suffix=".so", dir=out_dir)
+    os.close(fd)
+    try:
+        done = subprocess.run([cc, *FLAGS, "-o", tmp, str(source), "-lm"], capture_output=True, text=True)
+        if done.returncode != 0:
+            raise NativeUnavailable(f"{cc} failed to build {source} (exit {done.returncode}):\n{done.stderr[-2000:]}")
+        os.replace(tmp, target)  # atomic: a concurrent builder publishes the same bytes under the same name
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target
+
+
+def load(name: str) -> ctypes.CDLL:
+    """The compiled csrc/<name>.c of this process (built on first use; a failure is remembered and re-raised)."""
+    if name in _loaded:
+        return _loaded[name]
+    if name in _failed:
+        raise NativeUnavailable(_failed[name])
+    try:
+        lib = ctypes.CDLL(str(_build(name)))
+    except (NativeUnavailable, OSError) as err:
+        _failed[name] = str(err)
+        raise NativeUnavailable(str(err)) from err
+    _loaded[name] = lib
+    return lib

@@ -1,0 +1,227 @@
+"""The engine's C kernels (EngineConfig.cpu_kernels: "auto", the default, is "native" on a CPU where they build,
+else "torch"): paged attention against a float64 softmax(q k^T) v over the same paged cache, bitwise invariance of a
+token's result to its batch, chunk and thread count; the sampler's row passes against float64 and the torch passes;
+the engine's contracts on both settings; the fallback and errors where the C kernels cannot run."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from align.inference import Engine, EngineConfig, GenerationRequest, SamplingParams
+from align.inference import sampler
+from align.inference.paged_attention import (NativeAttention, build_native_plan, native_cache_shapes,
+                                             native_write_kv, resolve_cpu_kernels)
+from align.kernels import native
+from inference_helpers import (assert_batch_invariant, assert_greedy_and_logprob_contracts, naive_greedy,
+                               random_prompts, small_model)
+
+
+def _native_available() -> bool:
+    try:
+        native.load("paged_attention")
+    except native.NativeUnavailable:
+        return False
+    return True
+
+
+needs_native = pytest.mark.skipif(not _native_available(), reason="no C compiler to build the native kernel")
+
+
+def _paged_case(rows_spec, heads, kv_heads, head_dim, block_size, dtype, seed=0):
+    """A cache of scattered blocks holding random K/V for rows (cached, new) and the step's queries."""
+    gen = torch.Generator().manual_seed(seed)
+    rnd = random.Random(seed)
+    need = sum(-(-(s + n) // block_size) for s, n in rows_spec)
+    blocks = list(range(1, need + 8))
+    rnd.shuffle(blocks)
+    k_shape, v_shape = native_cache_shapes(1, need + 8, block_size, kv_heads, head_dim)
+    k_cache, v_cache = torch.zeros(k_shape, dtype=dtype)[0], torch.zeros(v_shape, dtype=dtype)[0]
+    rows, keys, values, it = [], [], [], iter(blocks)
+    for start, n in rows_spec:
+        total = start + n
+        table = [next(it) for _ in range(-(-total // block_size))]
+        k = torch.randn(total, kv_heads, head_dim, generator=gen).to(dtype)
+        v = torch.randn(total, kv_heads, head_dim, generator=gen).to(dtype)
+        slots = torch.tensor([table[p // block_size] * block_size + p % block_size for p in range(total)])
+        native_write_kv(k_cache, v_cache, slots, k, v)
+        rows.append((start, n, table))
+        keys.append(k)
+        values.append(v)
+    n_tok = sum(n for _, n in rows_spec)
+    q = torch.randn(n_tok, heads, head_dim, generator=gen).to(dtype)
+    return q, k_cache, v_cache, rows, keys, values
+
+
+def _reference(q, rows, keys, values, window):
+    """float64 softmax(q k^T / sqrt(Dh)) v per token over its own keys (repeat_kv order for GQA)."""
+    out, t = [], 0
+    h, dh = q.shape[1], q.shape[2]
+    for (start, n, _), k, v in zip(rows, keys, values):
+        g = h // k.shape[1]
+        kk, vv = k.double().repeat_interleave(g, 1), v.double().repeat_interleave(g, 1)  # (L, H, Dh)
+        for p in range(start, start + n):
+            lo = max(0, p - window + 1) if window else 0
+            s = torch.einsum("hd,lhd->hl", q[t].double(), kk[lo:p + 1]) / dh ** 0.5
+            out.append(torch.einsum("hl,lhd->hd", s.softmax(-1), vv[lo:p + 1]))
+            t += 1
+    return torch.stack(out)
+
+
+@needs_native
+@pytest.mark.parametrize("heads,kv_heads,head_dim,block_size", [
+    (8, 2, 32, 16), (8, 2, 64, 16), (4, 4, 16, 16), (12, 4, 128, 32), (6, 2, 80, 16), (8, 1, 48, 48)])
+@pytest.mark.parametrize("window", [None, 9])
+def test_native_attention_equals_a_float64_reference(heads, kv_heads, head_dim, block_size, window):
+    # decode rows, a prompt from scratch, a chunk continuing cached tokens, one token past a block boundary
+    spec = [(40, 1), (0, 23), (17, 20), (31, 1), (5, 3)]
+    q, kc, vc, rows, keys, values = _paged_case(spec, heads, kv_heads, head_dim, block_size, torch.float32)
+    plan = build_native_plan(rows, q.shape[0] + 3, block_size, window)  # + 3 padding tokens
+    out = NativeAttention()(torch.cat([q, torch.randn(3, heads, head_dim)]), kc, vc, plan, window)
+    torch.testing.assert_close(out[:q.shape[0]].double(), _reference(q, rows, keys, values, window),
+                               atol=2e-6, rtol=0)
+    assert torch.equal(out[q.shape[0]:], torch.zeros(3, heads, head_dim))  # padding tokens: zeros
+
+
+@needs_native
+def test_native_attention_reads_bf16_caches():
+    q, kc, vc, rows, keys, values = _paged_case([(40, 1), (0, 23)], 8, 2, 64, 16, torch.bfloat16)
+    out = NativeAttention()(q, kc, vc, build_native_plan(rows, q.shape[0], 16, None), None)
+    assert out.dtype == torch.bfloat16
+    ref = _reference(q, rows, keys, values, None)  # from the same bf16 inputs; the output's rounding is the error
+    torch.testing.assert_close(out.double(), ref, atol=1e-2, rtol=1e-2)
+
+
+@needs_native
+def test_a_tokens_result_does_not_depend_on_its_batch_chunking_or_threads():
+    spec = [(0, 37), (12, 1), (30, 9), (63, 1)]
+    q, kc, vc, rows, _, _ = _paged_case(spec, 8, 2, 32, 16, torch.float32, seed=3)
+    attend = NativeAttention()
+    full = attend(q, kc, vc, build_native_plan(rows, q.shape[0], 16, None), None)
+    # each row alone, and row 0's prompt split into chunks of 5 tokens (as a small token budget schedules it)
+    t = 0
+    for start, n, table in rows:
+        alone = attend(q[t:t + n], kc, vc, build_native_plan([(start, n, table)], n, 16, None), None)
+        assert torch.equal(alone, full[t:t + n])
+        for c in range(0, n, 5):
+            m = min(5, n - c)
+            piece = attend(q[t + c:t + c + m], kc, vc, build_native_plan([(start + c, m, table)], m, 16, None), None)
+            assert torch.equal(piece, full[t + c:t + c + m])
+        t += n
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert torch.equal(attend(q, kc, vc, build_native_plan(rows, q.shape[0], 16, None), None), full)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _logits(rows=12, vocab=1000, seed=0):
+    x = torch.randn(rows, vocab, generator=torch.Generator().manual_seed(seed)) * 4
+    x[1, 7] = x[1, 900] = x[1].max() + 1  # a tie: the first index wins, as argmax
+    x[2, ::3] = float("-inf")  # masked (top-k / top-p) logits
+    return x
+
+
+@needs_native
+def test_native_greedy_is_argmax_with_the_log_prob_of_a_float64_softmax():
+    x = _logits()
+    tok, logprob = sampler.native_greedy(x)
+    assert torch.equal(tok, x.argmax(-1)) and tok[1] == 7
+    ref = x.double().log_softmax(-1).gather(1, tok[:, None]).squeeze(1)
+    torch.testing.assert_close(logprob.double(), ref, atol=2e-6, rtol=0)
+    for r in range(x.shape[0]):  # each row alone: the same bits (batch invariance)
+        alone = sampler.native_greedy(x[r:r + 1].clone())
+        assert alone[0].item() == tok[r].item() and alone[1].item() == logprob[r].item()
+
+
+@needs_native
+def test_native_normalise_agrees_with_the_torch_passes():
+    x = _logits(vocab=1000)  # 1000 = 7 full 128-token chunks and a tail of 104
+    weights, mass, lse = sampler.native_normalise(x)
+    ref_w, ref_mass, ref_lse = sampler.normalise(x)
+    torch.testing.assert_close(weights, ref_w, atol=1e-7, rtol=1e-6)
+    torch.testing.assert_close(mass, ref_mass, atol=0, rtol=1e-6)
+    torch.testing.assert_close(lse.double(), torch.logsumexp(x.double(), -1), atol=2e-6, rtol=0)
+    assert bool((weights[2, ::3] == 0).all())  # a masked logit can never be sampled
+    params = sampler.RowParams(temperature=torch.ones(12), top_k=torch.zeros(12, dtype=torch.long),
+                               top_p=torch.ones(12), uniforms=torch.rand(12, dtype=torch.float64,
+                                                                          generator=torch.Generator().manual_seed(1)))
+    nat, torch_path = sampler.sample(x, params, native=True), sampler.sample(x, params, native=False)
+    assert torch.equal(nat[0], torch_path[0])  # same tokens from the same uniforms
+    torch.testing.assert_close(nat[1], torch_path[1], atol=2e-6, rtol=0)
+    torch.testing.assert_close(nat[2], torch_path[2], atol=2e-6, rtol=0)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return small_model()
+
+
+@needs_native
+def test_the_default_engine_runs_native_attention_on_cpu(model):
+    assert Engine(model, EngineConfig(num_blocks=4)).cpu_kernels == "native"
+    assert Engine(model, EngineConfig(num_blocks=4, cpu_kernels="torch")).cpu_kernels == "torch"
+    # block_size 8: auto falls back; asked for explicitly, one clear error naming why
+    assert Engine(model, EngineConfig(num_blocks=4, block_size=8)).cpu_kernels == "torch"
+    with pytest.raises(ValueError, match="cpu_kernels 'native' cannot run here: .*block_size multiples of 16"):
+        Engine(model, EngineConfig(num_blocks=4, block_size=8, cpu_kernels="native"))
+
+
+@pytest.mark.parametrize("kernel", ["torch", pytest.param("native", marks=needs_native)])
+def test_each_kernel_keeps_the_engine_contracts(model, kernel):
+    assert_greedy_and_logprob_contracts(model, EngineConfig(cpu_kernels=kernel, max_num_seqs=3,
+                                                            max_num_batched_tokens=24))
+    assert_batch_invariant(model, cpu_kernels=kernel)
+
+
+@needs_native
+def test_sliding_window_engine_on_native_matches_the_naive_loop():
+    model = small_model(sliding_window=6)
+    prompts = random_prompts([3, 20, 11], model.config.vocab_size, seed=5)
+    engine = Engine(model, EngineConfig(cpu_kernels="native", max_num_batched_tokens=16))
+    for p, r in zip(prompts, engine.generate([GenerationRequest(p, SamplingParams(0.0, max_new_tokens=10))
+                                              for p in prompts])):
+        assert r.token_ids == naive_greedy(model, p, 10)
+
+
+def test_without_a_compiler_auto_falls_back_and_native_names_the_reason(monkeypatch, tmp_path):
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    monkeypatch.setenv("ALIGN_NATIVE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(native, "_loaded", {})
+    monkeypatch.setattr(native, "_failed", {})
+    cpu = torch.device("cpu")
+    assert resolve_cpu_kernels("auto", cpu, torch.float32, 8, 2, 32, 16) == "torch"
+    with pytest.raises(ValueError, match="no C compiler: .*no-such-cc.* is not on PATH"):
+        resolve_cpu_kernels("native", cpu, torch.float32, 8, 2, 32, 16)
+    with pytest.raises(ValueError, match="cpu_kernels must be one of"):
+        EngineConfig(cpu_kernels="flash")
+
+
+@needs_native
+def test_a_failing_build_reports_the_compiler_output_and_publishes_nothing(monkeypatch, tmp_path):
+    src = tmp_path / "csrc"
+    src.mkdir()
+    (src / "broken.c").write_text("int f( {\n")
+    monkeypatch.setattr(native, "CSRC", src)
+    monkeypatch.setenv("ALIGN_NATIVE_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(native.NativeUnavailable, match=r"failed to build .*broken\.c \(exit \d+\)"):
+        native.load("broken")
+    assert not list((tmp_path / "cache").iterdir())  # no .so, no temporary left behind
+    with pytest.raises(native.NativeUnavailable):  # remembered: no second compile in this process
+        native.load("broken")
+
+
+@needs_native
+def test_the_library_is_built_once_into_the_cache(monkeypatch, tmp_path):
+    monkeypatch.setenv("ALIGN_NATIVE_CACHE", str(tmp_path))
+    monkeypatch.setattr(native, "_loaded", {})
+    native.load("paged_attention")
+    built = list(tmp_path.glob("paged_attention-*.so"))
+    assert len(built) == 1 and not list(tmp_path.glob(".*"))
+    stamp = built[0].stat().st_mtime_ns
+    monkeypatch.setattr(native, "_loaded", {})
+    native.load("paged_attention")  # a new process finds it: no rebuild
+    assert built[0].stat().st_mtime_ns == stamp

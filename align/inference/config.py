@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-LINEAR_KERNELS = ("auto", "torch", "onednn")  # EngineConfig.linear_kernel (fused_layers.py)
+LINEAR_KERNELS = ("auto", "torch", "onednn", "native")  # EngineConfig.linear_kernel (fused_layers.py)
 CPU_KERNELS = ("auto", "torch", "native")  # EngineConfig.cpu_kernels (paged_attention.py, sampler.py)
 
 
@@ -58,13 +58,16 @@ class EngineConfig:
     # can flip. Costs the padded rows at small batches (oneDNN: none on an AMD EPYC; MKL: 1-3 rows there, up to 15
     # on an Intel Xeon) and a one-off probe of the kernels (~0.1-1 s for the tiny/small shapes in fp32).
     batch_invariant: bool = True
-    # Matmul kernel of the projections and the head (fused_layers.py): "auto" = "onednn" for float32/bfloat16
-    # weights on a CPU with oneDNN, else "torch"; "torch" = F.linear, the model's own kernel (MKL sgemm in fp32 on
-    # CPU); "onednn" = weights pre-packed once by oneDNN (CPU only): 2.5x faster than MKL on the fp32 32k head at 16
-    # rows on an AMD EPYC, whose MKL runs no AVX-512 path. oneDNN rounds the last bits differently from the model's
-    # forward (within 1e-5 on the log-probs, tests/inference/test_linear_kernels.py) and keeps a packed copy of
-    # every weight (repacked after a weight update); "torch" gives the forward's own bits and shares the model's
-    # o/down/head weights (only q/k/v and gate/up are fused copies) where that memory or those bits matter.
+    # Matmul kernel of the projections and the head (fused_layers.py): "auto" = "native" for float32 weights on a
+    # CPU where align's C kernel builds, else "onednn" for float32/bfloat16 weights on a CPU with oneDNN, else
+    # "torch"; "torch" = F.linear, the model's own kernel (MKL sgemm in fp32 on CPU); "onednn" = weights pre-packed
+    # once by oneDNN (CPU only): 2.5x faster than MKL on the fp32 32k head at 16 rows on an AMD EPYC, whose MKL runs
+    # no AVX-512 path; "native" = align/kernels/csrc/linear.c on weights packed into 16-column panels (fp32, CPU):
+    # reads cold weights near the core's bandwidth where oneDNN's small-M kernels do not (decode steps), on par with
+    # oneDNN at 128 rows, and rounds a row the same in any batch (no padding). Both packed kernels round the last
+    # bits differently from the model's forward (within 1e-5 on the log-probs, tests/inference) and keep a packed
+    # copy of every weight (repacked after a weight update); "torch" gives the forward's own bits and shares the
+    # model's o/down/head weights (only q/k/v and gate/up are fused copies) where that memory or those bits matter.
     linear_kernel: str = "auto"
     # The engine's own C kernels (align/kernels/csrc, built by align/kernels/native.py with a C compiler on PATH or
     # in $CC): "native" = paged attention that reads every token's keys and values from their blocks in place, one

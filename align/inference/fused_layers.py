@@ -6,7 +6,8 @@ weights, gate/up another, RoPE rotates q and k in one call, and fp32 RMSNorm is 
 (bit-identical to the model's fp32 expression; in other dtypes the model's own norm runs, for its rounding order).
 The math is the model's: the same weights, `apply_rope`, SiLU-gated MLP, residuals.
 
-Matmul kernels (`EngineConfig.linear_kernel`; "auto", the default, is "onednn" where it can run, else "torch"):
+Matmul kernels (`EngineConfig.linear_kernel`; "auto", the default, is "native" for fp32 on a CPU, else "onednn" where
+it can run, else "torch"):
 - "torch": `F.linear` on the weights, what the model's own forward runs (MKL sgemm in fp32 on CPU, cuBLAS on CUDA).
 - "onednn": every projection and the head against weights pre-packed once by oneDNN for this CPU
   (`torch.ops.mkldnn._reorder_linear_weight` + `_linear_pointwise`, the pair inductor's CPU freezing uses).
@@ -18,6 +19,10 @@ Matmul kernels (`EngineConfig.linear_kernel`; "auto", the default, is "onednn" w
   host), so greedy text can differ from a decode on "torch" where two logits nearly tie; golden anchors pin the
   tokens of the kernel they were accepted with. It costs one extra copy of the weights, repacked after a weight
   update (43 ms for the tiny profile in fp32).
+- "native": align/kernels/csrc/linear.c (fp32, CPU) on weights packed once into 16-column panels, each read front
+  to back with a software prefetch and multiplied into up to 16 rows held in registers: cold weights (the head
+  streams the caches clean every step) are read near the core's bandwidth, where oneDNN's small-M kernels reach a
+  fraction of it (bench/linear_kernels.py); on par with oneDNN at 128 rows. "auto" picks it for fp32 on a CPU.
 Which row counts round a row as any larger batch does is measured per kernel on the host (row_invariance.py,
 `agreeing_row_counts`); the runner pads each step's rows to such a count.
 
@@ -34,7 +39,9 @@ import torch
 import torch.nn.functional as F
 
 from align.inference.config import LINEAR_KERNELS
-from align.inference.row_invariance import agreeing_counts, chunked
+from align.inference.row_invariance import REFERENCE_ROWS, agreeing_counts, chunked
+from align.kernels import linear as native_linear
+from align.kernels import native
 from align.model.layers import apply_rope
 
 PACK_ROWS_HINT = 16  # oneDNN's batch-size hint when packing (AMD EPYC: invariant rows for m >= 2 with it; 1 is worse)
@@ -64,13 +71,30 @@ def onednn_can_run(weight: torch.Tensor) -> bool:
             and weight.dtype in (torch.float32, torch.bfloat16))
 
 
+def native_unsupported(weight: torch.Tensor) -> str | None:
+    """Why the native C kernel cannot multiply by weights like `weight` (None: it can)."""
+    if weight.device.type != "cpu" or weight.dtype != torch.float32:
+        return f"it takes float32 weights on a CPU, the model is {weight.dtype} on {weight.device}"
+    try:
+        native_linear.lib()
+    except native.NativeUnavailable as err:
+        return str(err)
+    return None
+
+
 def resolve_linear_kernel(kernel: str, weight: torch.Tensor) -> str:
-    """The kernel to run on weights like `weight`: "auto" -> "onednn" where it can run, else "torch". Raises if an
-    explicit choice cannot run (device, dtype, torch build)."""
+    """The kernel to run on weights like `weight`: "auto" -> "native" for fp32 on a CPU where it builds, else
+    "onednn" where it can run (bf16 on a CPU), else "torch". Raises if an explicit choice cannot run."""
     if kernel not in LINEAR_KERNELS:
         raise ValueError(f"EngineConfig.linear_kernel must be one of {LINEAR_KERNELS}, got {kernel!r}")
     if kernel == "auto":
+        if native_unsupported(weight) is None:
+            return "native"
         return "onednn" if onednn_can_run(weight) else "torch"
+    if kernel == "native":
+        why = native_unsupported(weight)
+        if why is not None:
+            raise ValueError(f"linear_kernel 'native' cannot run here: {why}")
     if kernel == "onednn" and not onednn_can_run(weight):
         raise ValueError(f"linear_kernel 'onednn' needs float32 or bfloat16 weights on a CPU and a torch built with "
                          f"oneDNN; the model is {weight.dtype} on {weight.device} (mkldnn available: "
@@ -104,9 +128,11 @@ class FusedDecoder:
         self.head_stamp: tuple | None = None
         self.refresh()
 
-    def _prepare(self, w: torch.Tensor) -> torch.Tensor:
+    def _prepare(self, w: torch.Tensor):
         if self.kernel == "onednn":
             return onednn_pack(w)
+        if self.kernel == "native":
+            return native_linear.pack(w)
         return w
 
     def linear(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -114,6 +140,8 @@ class FusedDecoder:
         REFERENCE_ROWS rows per call (row_invariance.chunked): only measured row counts reach the kernel."""
         if self.kernel == "onednn":
             return chunked(lambda c: onednn_linear(c, w), x)
+        if self.kernel == "native":
+            return chunked(lambda c: native_linear.linear(c, w), x)
         return chunked(lambda c: F.linear(c, w), x)
 
     def linear_add(self, x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
@@ -121,6 +149,8 @@ class FusedDecoder:
         instead of twice, so it is closer to the exact sum than the model's forward, not bitwise equal to it)."""
         if self.kernel == "onednn":
             return chunked(lambda c, r: torch.ops.mkldnn._linear_pointwise.binary(c, r, w, None, "add"), x, residual)
+        if self.kernel == "native":
+            return chunked(lambda c, r: native_linear.linear(c, w, residual=r), x, residual)
         return residual + self.linear(x, w)
 
     @torch.no_grad()
@@ -181,6 +211,8 @@ class FusedDecoder:
     def _head_product(self, hidden: torch.Tensor, whead: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
         if self.kernel == "torch" and hidden.dtype == torch.float32 and out is not None:
             return torch.mm(hidden, whead.t(), out=out)
+        if self.kernel == "native" and out is not None and hidden.shape[0] <= REFERENCE_ROWS:
+            return native_linear.linear(hidden, whead, out=out)
         logits = self.linear(hidden, whead)
         if logits.dtype == torch.float32 or out is None:
             return logits.float()
@@ -191,6 +223,6 @@ class FusedDecoder:
 
         NOTE: a reused fp32 buffer, not a fresh (N, V) tensor per step: glibc hands such multi-MB blocks back to the
         OS and faults them in again, measured 0.7 ms for the bf16 -> fp32 copy of a 16 x 32k block (0.1 in place).
-        For the default kernel mm(out=) is bitwise F.linear (measured); oneDNN has no out= variant, so its fp32
-        logits are the op's own tensor."""
+        For "torch" mm(out=) is bitwise F.linear (measured), "native" writes into it; oneDNN has no out= variant,
+        so its fp32 logits are the op's own tensor."""
         return self._head_product(hidden, self.whead, out)

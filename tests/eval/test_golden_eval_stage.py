@@ -13,6 +13,7 @@ import torch
 
 from align.eval.golden import accept
 from align.exit_codes import run_with_exit_codes
+from align.inference.fused_layers import resolve_linear_kernel
 from align.stages import golden_eval
 from align.model.checkpoint import checkpoint_content_hash
 from align.utils.manifest import read_manifest
@@ -83,7 +84,7 @@ def test_metrics_outputs_and_golden_regression(project):
     assert m["checkpoint_content_hash"] == checkpoint_content_hash(ckpt)
     assert len(m["eval_set_hash"]) == 64 and m["eval_set_hash"] != m["sampled_set_hash"]
     assert m["roundtrip"]["forward_equal"] and m["golden"]["status"] == "no_anchor"
-    assert m["engine_linear_kernel"] == ("onednn" if torch.backends.mkldnn.is_available() else "torch")  # "auto"
+    assert m["engine_linear_kernel"] == resolve_linear_kernel("auto", torch.ones(1))  # fp32 CPU weights, "auto"
     assert m["engine_cpu_kernels"] in ("native", "torch")  # "auto": native where a C compiler builds it
     out = project / "runs/smoke/golden_eval/sft/out"
     manifest = read_manifest(out, kind="golden_eval", verify_hashes=True)

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from align.inference import Engine, EngineConfig, GenerationRequest, SamplingParams
+from align.inference.fused_layers import native_unsupported
 from inference_helpers import (assert_batch_invariant, assert_greedy_and_logprob_contracts, full_forward_logits,
                                naive_greedy, random_prompts, small_model)
 
@@ -84,9 +85,10 @@ def test_bad_kernel_settings_are_named(model):
         Engine(small_model().to(torch.float16), ONEDNN)
 
 
-def test_auto_picks_onednn_where_it_runs_and_the_model_kernel_elsewhere():
+def test_auto_picks_native_then_onednn_where_they_run_and_the_model_kernel_elsewhere():
     kernel = lambda m: Engine(m, EngineConfig(num_blocks=4)).linear_kernel  # noqa: E731
-    assert kernel(small_model()) == kernel(small_model().to(torch.bfloat16)) == "onednn"
+    assert kernel(small_model()) == ("native" if native_unsupported(torch.ones(1)) is None else "onednn")
+    assert kernel(small_model().to(torch.bfloat16)) == "onednn"
     half = small_model().to(torch.float16)  # oneDNN packs no fp16 weights here: the model's own F.linear
     assert kernel(half) == "torch"
     prompt = random_prompts([7], half.config.vocab_size, seed=4)[0]

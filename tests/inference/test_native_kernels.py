@@ -14,6 +14,7 @@ from align.inference import Engine, EngineConfig, GenerationRequest, SamplingPar
 from align.inference import sampler
 from align.inference.paged_attention import (NativeAttention, build_native_plan, native_cache_shapes,
                                              native_write_kv, resolve_cpu_kernels)
+from align.kernels import linear as native_linear
 from align.kernels import native
 from inference_helpers import (assert_batch_invariant, assert_greedy_and_logprob_contracts, naive_greedy,
                                random_prompts, small_model)
@@ -153,6 +154,63 @@ def test_native_normalise_agrees_with_the_torch_passes():
     assert torch.equal(nat[0], torch_path[0])  # same tokens from the same uniforms
     torch.testing.assert_close(nat[1], torch_path[1], atol=2e-6, rtol=0)
     torch.testing.assert_close(nat[2], torch_path[2], atol=2e-6, rtol=0)
+
+
+@needs_native
+@pytest.mark.parametrize("rows,out_f,in_f", [(1, 16, 8), (16, 100, 64), (37, 384, 256), (130, 50, 33)])
+def test_native_linear_equals_a_float64_product_and_adds_the_residual(rows, out_f, in_f):
+    g = torch.Generator().manual_seed(rows)
+    w, x = torch.randn(out_f, in_f, generator=g), torch.randn(rows, in_f, generator=g)
+    res = torch.randn(rows, out_f, generator=g)
+    packed = native_linear.pack(w)
+
+    def check(got, x, extra=0.0):
+        ref = x.double() @ w.double().T + extra
+        # fp32 summation over in_f terms: within the classical bound, and as close as torch's own fp32 product
+        bound = (x.abs().double() @ w.abs().double().T) * in_f * 2.0 ** -24
+        err = (got.double() - ref).abs()
+        assert bool((err <= bound + 1e-6).all())
+        assert err.max() <= 4 * (torch.nn.functional.linear(x, w).double() + extra - ref).abs().max() + 1e-6
+
+    check(native_linear.linear(x, packed), x)
+    check(native_linear.linear(x, packed, residual=res), x, res.double())
+    out = torch.full((rows, out_f), float("nan"))
+    assert native_linear.linear(x, packed, out=out) is out and not out.isnan().any()
+    wide = torch.randn(rows, in_f + 7, generator=g)[:, :in_f]  # rows with a stride: read in place
+    check(native_linear.linear(wide, packed), wide)
+
+
+@needs_native
+def test_native_linear_rounds_a_row_the_same_in_any_batch_and_thread_count():
+    g = torch.Generator().manual_seed(5)
+    packed = native_linear.pack(torch.randn(300, 96, generator=g))
+    x = torch.randn(45, 96, generator=g)
+    full = native_linear.linear(x, packed)
+    for lo, hi in ((0, 1), (3, 7), (16, 33), (44, 45)):
+        assert torch.equal(native_linear.linear(x[lo:hi].clone(), packed), full[lo:hi])
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert torch.equal(native_linear.linear(x, packed), full)
+    finally:
+        torch.set_num_threads(threads)
+    with pytest.raises(ValueError, match="packs 2-d float32 CPU weights"):
+        native_linear.pack(torch.ones(4, 4, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="takes float32 rows of 96"):
+        native_linear.linear(torch.ones(2, 95), packed)
+
+
+@needs_native
+def test_native_linear_kernel_keeps_the_engine_contracts():
+    model = small_model()
+    assert Engine(model, EngineConfig(num_blocks=4, linear_kernel="native")).linear_kernel == "native"
+    assert_greedy_and_logprob_contracts(model, EngineConfig(linear_kernel="native", max_num_seqs=3,
+                                                            max_num_batched_tokens=24))
+    assert_batch_invariant(model, linear_kernel="native")
+    engine = Engine(model, EngineConfig(linear_kernel="native"))
+    assert engine.runner.pad_rows(3) == 3  # every row count agrees with a 128-row product: no padding
+    with pytest.raises(ValueError, match="linear_kernel 'native' cannot run here: it takes float32 weights"):
+        Engine(small_model().to(torch.bfloat16), EngineConfig(linear_kernel="native"))
 
 
 @pytest.fixture(scope="module")

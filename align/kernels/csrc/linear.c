@@ -11,10 +11,11 @@
    Every output element is one fp32 FMA chain over k in order (plus the residual added after), whatever M, the
    row's block or the thread count: a row's result does not depend on the batch it is in. */
 
-#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "workers.h"
 
 typedef float v16 __attribute__((vector_size(64)));
 
@@ -101,25 +102,13 @@ int align_linear(const float *x, int64_t M, int64_t K, int64_t ldx, const float 
         for (int64_t k = 0; k < K; k++)
             for (int64_t r = 0; r < 16; r++)
                 xt[(b * K + k) * 16 + r] = b * 16 + r < M ? x[(b * 16 + r) * ldx + k] : 0.0f;
-    if (threads < 1) threads = 1;
-    if (threads > panels) threads = panels > 0 ? panels : 1;
-    if (threads > 64) threads = 64;
-    Job jobs[64];
-    pthread_t tids[64];
-    int started[64] = {0}, rc = 0;
+    threads = align_workers(threads, panels);
+    Job jobs[ALIGN_MAX_WORKERS];
     for (int64_t w = 0; w < threads; w++) {
         Job j = {x, packed, residual, xt, y, M, K, N, ldx, ldy, ldr, panels * w / threads, panels * (w + 1) / threads};
         jobs[w] = j;
     }
-    for (int64_t w = 1; w < threads; w++) {
-        started[w] = pthread_create(&tids[w], NULL, run, &jobs[w]) == 0;
-        if (!started[w]) rc = -1;
-    }
-    run(&jobs[0]);
-    for (int64_t w = 1; w < threads; w++) {
-        if (started[w]) pthread_join(tids[w], NULL);
-        else run(&jobs[w]);
-    }
+    const int rc = align_run_workers(run, jobs, sizeof(Job), threads);
     free(xt);
     return rc;
 }

@@ -19,11 +19,11 @@
    threads. Scores sum over d in order, the softmax's max and sum run in key order, values accumulate in key order;
    all in fp32 for both cache dtypes (fp32, bf16). exp is vexp.h's. */
 
-#include <pthread.h>
 #include <stdint.h>
 #include <string.h>
 
 #include "vexp.h"
+#include "workers.h"
 
 typedef uint32_t v16u __attribute__((vector_size(64)));
 typedef uint16_t v16h __attribute__((vector_size(32)));
@@ -198,26 +198,12 @@ int align_paged_attention(const float *q, const void *k, const void *v, int64_t 
                           int64_t KVH, int64_t Dh, int64_t bs, int64_t window, float scale, float *out,
                           float *scratch, int64_t max_keys, int64_t threads) {
     const int64_t items = N * KVH, per_worker = align_paged_attention_scratch(H, KVH, Dh, max_keys);
-    if (threads < 1) threads = 1;
-    if (threads > items) threads = items > 0 ? items : 1;
-    if (threads > 64) threads = 64;
-    Job jobs[64];
-    pthread_t tids[64];
-    int started[64] = {0};
-    int rc = 0;
+    threads = align_workers(threads, items);
+    Job jobs[ALIGN_MAX_WORKERS];
     for (int64_t w = 0; w < threads; w++) {
         Job j = {q, k, v, tables, tok_row, tok_pos, out, scratch + w * per_worker, nb, N, H, KVH, Dh, bs, window,
                  max_keys, bf16, scale, items * w / threads, items * (w + 1) / threads};
         jobs[w] = j;
     }
-    for (int64_t w = 1; w < threads; w++) {
-        started[w] = pthread_create(&tids[w], NULL, run, &jobs[w]) == 0;
-        if (!started[w]) rc = -1;
-    }
-    run(&jobs[0]);
-    for (int64_t w = 1; w < threads; w++) {
-        if (started[w]) pthread_join(tids[w], NULL);
-        else run(&jobs[w]);
-    }
-    return rc;
+    return align_run_workers(run, jobs, sizeof(Job), threads);
 }

@@ -2,9 +2,10 @@
 
 The step's tokens from all sequences are one flat (N, D) batch: embeddings, norms, projections, MLPs and RoPE
 are per token, so they run on the real tokens with no per-sequence padding (only a few rows to a batch-invariant
-count, see `pad_rows`). Only attention looks across tokens, and it
-goes through `paged_attention` per query-shape group. Decoding sequences are laid out first so their group is a
-contiguous slice. The layers run through `FusedDecoder` (the model's weights with q/k/v and gate/up fused, see
+count, see `pad_rows`). Only attention looks across tokens: with `cpu_kernels` "native" one C call per layer for
+all the step's tokens (`NativePlan`: each token's row and position), else `paged_attention` per query-shape group.
+Decoding sequences are laid out first so their group is a contiguous slice. The native kernels keep the KV cache in
+their own layout (keys transposed within a block, `native_cache_shapes`). The layers run through `FusedDecoder` (the model's weights with q/k/v and gate/up fused, see
 fused_layers.py) and the model's own `embed_tokens`, `rope`, `o_proj`, `down_proj`, `norm` and `lm_head`, so the
 engine computes the same function as `MistralForCausalLM.forward`.
 
@@ -53,9 +54,8 @@ class ModelRunner:
         weight = model.model.embed_tokens.weight
         self.device = weight.device
         self.decoder = FusedDecoder(model, linear_kernel)
-        self.cpu_kernels = resolve_cpu_kernels(cpu_kernels, self.device, weight.dtype,
-                                                         cfg.num_attention_heads, cfg.num_key_value_heads,
-                                                         cfg.head_dim, block_size)
+        self.cpu_kernels = resolve_cpu_kernels(cpu_kernels, self.device, weight.dtype, cfg.num_attention_heads,
+                                               cfg.num_key_value_heads, cfg.head_dim, block_size)
         self.native_attention = NativeAttention() if self.cpu_kernels == "native" else None
         shape = (cfg.num_hidden_layers, num_blocks + 1, block_size, cfg.num_key_value_heads, cfg.head_dim)
         k_shape, v_shape = shape, shape

@@ -8,8 +8,8 @@ decode batch) and 128 rows (the GRPO load). Each product: 2 warm-up calls, then 
 `--calls` calls each, kernels alternating ("warm": the weights stay in the caches between calls), and the median
 of `--cold` single calls each right after streaming 256 MB through the caches ("cold": how a decode step meets its
 weights, since the 32k head evicts everything every step). Also printed: each product's GB/s of weights read (the
-bound for few rows) and GMAC/s (the bound for many), and whether the kernels gave the same bits as MKL. Also timed: the engine's
-decode attention call (SDPA on 128 rows x 2 KV heads x 4 folded query rows x head dim 32, contiguous K/V) by key
+bound for few rows) and GMAC/s (the bound for many), and whether the kernels gave the same bits as MKL. Also
+timed: the torch path's decode attention call (SDPA on 128 rows x 2 KV heads x 4 folded query rows x head dim 32, contiguous K/V) by key
 length: its CPU flash kernel multiplies tiles through at::native::cpublas::gemm, MKL's few-row sgemm in fp32.
 Prints ONE JSON line:
 

@@ -66,7 +66,8 @@ def measure(shape: str, rows: int, keys: int, shared: int, repeats: int, calls: 
     q = torch.randn(rows, heads, dh, generator=g)
     starts = [keys - 1] * rows  # each row decodes its token at position keys - 1
     group = build_group(starts, [1] * rows, block_tables, BLOCK, slice(0, rows), None, torch.float32)
-    plan = build_native_plan([(s, 1, t) for s, t in zip(starts, block_tables)], rows, BLOCK, None)
+    plan = build_native_plan([(s, 1, t) for s, t in zip(starts, block_tables)], rows, BLOCK, None,
+                             CACHE_BLOCKS + 1)
     native = NativeAttention()
     paths = {"torch": lambda: group_attention(q, k_std, v_std, group),
              "native": lambda: native(q, k_nat, v_nat, plan, None)}

@@ -5,9 +5,10 @@ are per token, so they run on the real tokens with no per-sequence padding (only
 count, see `pad_rows`). Only attention looks across tokens: with `cpu_kernels` "native" one C call per layer for
 all the step's tokens (`NativePlan`: each token's row and position), else `paged_attention` per query-shape group.
 Decoding sequences are laid out first so their group is a contiguous slice. The native kernels keep the KV cache in
-their own layout (keys transposed within a block, `native_cache_shapes`). The layers run through `FusedDecoder` (the model's weights with q/k/v and gate/up fused, see
-fused_layers.py) and the model's own `embed_tokens`, `rope`, `o_proj`, `down_proj`, `norm` and `lm_head`, so the
-engine computes the same function as `MistralForCausalLM.forward`.
+their own layout (keys transposed within a block, `native_cache_shapes`). The layers run through `FusedDecoder`
+(the model's weights with q/k/v and gate/up fused, see fused_layers.py) and the model's own `embed_tokens`, `rope`,
+`o_proj`, `down_proj`, `norm` and `lm_head`, so the engine computes the same function as
+`MistralForCausalLM.forward`.
 
 Logits are only computed for the rows that sample; the sampler then works through them in blocks of rows small
 enough to stay in cache for the several passes it makes over each."""
@@ -110,7 +111,8 @@ class ModelRunner:
         pad = self.pad_rows(len(ids)) - len(ids)
         native = None
         if self.native_attention is not None:
-            native = build_native_plan(rows[0] + rows[1], len(ids) + pad, bs, self.sliding_window)
+            native = build_native_plan(rows[0] + rows[1], len(ids) + pad, bs, self.sliding_window,
+                                       self.k_cache.shape[1])
         groups, offset = [], 0
         for members in rows if native is None else ():
             if members:

@@ -16,9 +16,8 @@ padding, no mask) in one call per layer for the whole step, every token on its o
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import ctypes
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -124,10 +123,17 @@ class NativePlan:
 
 
 def build_native_plan(rows: list[tuple[int, int, list[int]]], n_tokens: int, block_size: int,
-                      sliding_window: int | None) -> NativePlan:
+                      sliding_window: int | None, num_blocks: int) -> NativePlan:
     """rows[r] = (cached tokens before this step, tokens it processes now, block table), in the step's token order;
-    tokens past the rows' total (up to n_tokens) are padding."""
+    tokens past the rows' total (up to n_tokens) are padding. The kernel reads blocks unchecked, so here every
+    table must cover its row's tokens with blocks of a cache of `num_blocks`."""
     nb = max(-(-(start + n) // block_size) for start, n, _ in rows)
+    for r, (start, n, table) in enumerate(rows):  # the C kernel reads every block up to each token's position
+        if start + n > len(table) * block_size:
+            raise ValueError(f"row {r}: tokens up to position {start + n - 1} but a block table of {len(table)} "
+                             f"blocks of {block_size}")
+        if table and not 0 <= min(table) <= max(table) < num_blocks:
+            raise ValueError(f"row {r}: block table {table} leaves a cache of {num_blocks} blocks")
     tables = [table[:nb] + [0] * (nb - len(table[:nb])) for _, _, table in rows]
     tok_row, tok_pos = [], []
     for r, (start, n, _) in enumerate(rows):

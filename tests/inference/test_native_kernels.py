@@ -79,17 +79,24 @@ def test_native_attention_equals_a_float64_reference(heads, kv_heads, head_dim, 
     # decode rows, a prompt from scratch, a chunk continuing cached tokens, one token past a block boundary
     spec = [(40, 1), (0, 23), (17, 20), (31, 1), (5, 3)]
     q, kc, vc, rows, keys, values = _paged_case(spec, heads, kv_heads, head_dim, block_size, torch.float32)
-    plan = build_native_plan(rows, q.shape[0] + 3, block_size, window)  # + 3 padding tokens
+    plan = build_native_plan(rows, q.shape[0] + 3, block_size, window, kc.shape[0])  # + 3 padding tokens
     out = NativeAttention()(torch.cat([q, torch.randn(3, heads, head_dim)]), kc, vc, plan, window)
     torch.testing.assert_close(out[:q.shape[0]].double(), _reference(q, rows, keys, values, window),
                                atol=2e-6, rtol=0)
     assert torch.equal(out[q.shape[0]:], torch.zeros(3, heads, head_dim))  # padding tokens: zeros
 
 
+def test_a_plan_whose_block_table_is_short_is_refused():
+    with pytest.raises(ValueError, match="row 1: tokens up to position 32 but a block table of 2 blocks of 16"):
+        build_native_plan([(0, 5, [3]), (30, 3, [4, 5])], 8, 16, None, 10)
+    with pytest.raises(ValueError, match=r"row 0: block table \[3, 10\] leaves a cache of 10 blocks"):
+        build_native_plan([(0, 20, [3, 10])], 20, 16, None, 10)
+
+
 @needs_native
 def test_native_attention_reads_bf16_caches():
     q, kc, vc, rows, keys, values = _paged_case([(40, 1), (0, 23)], 8, 2, 64, 16, torch.bfloat16)
-    out = NativeAttention()(q, kc, vc, build_native_plan(rows, q.shape[0], 16, None), None)
+    out = NativeAttention()(q, kc, vc, build_native_plan(rows, q.shape[0], 16, None, kc.shape[0]), None)
     assert out.dtype == torch.bfloat16
     ref = _reference(q, rows, keys, values, None)  # from the same bf16 inputs; the output's rounding is the error
     torch.testing.assert_close(out.double(), ref, atol=1e-2, rtol=1e-2)
@@ -100,21 +107,22 @@ def test_a_tokens_result_does_not_depend_on_its_batch_chunking_or_threads():
     spec = [(0, 37), (12, 1), (30, 9), (63, 1)]
     q, kc, vc, rows, _, _ = _paged_case(spec, 8, 2, 32, 16, torch.float32, seed=3)
     attend = NativeAttention()
-    full = attend(q, kc, vc, build_native_plan(rows, q.shape[0], 16, None), None)
+    full = attend(q, kc, vc, build_native_plan(rows, q.shape[0], 16, None, kc.shape[0]), None)
     # each row alone, and row 0's prompt split into chunks of 5 tokens (as a small token budget schedules it)
     t = 0
     for start, n, table in rows:
-        alone = attend(q[t:t + n], kc, vc, build_native_plan([(start, n, table)], n, 16, None), None)
+        alone = attend(q[t:t + n], kc, vc, build_native_plan([(start, n, table)], n, 16, None, kc.shape[0]), None)
         assert torch.equal(alone, full[t:t + n])
         for c in range(0, n, 5):
             m = min(5, n - c)
-            piece = attend(q[t + c:t + c + m], kc, vc, build_native_plan([(start + c, m, table)], m, 16, None), None)
+            piece = attend(q[t + c:t + c + m], kc, vc, build_native_plan([(start + c, m, table)], m, 16, None,
+                                                                              kc.shape[0]), None)
             assert torch.equal(piece, full[t + c:t + c + m])
         t += n
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
-        assert torch.equal(attend(q, kc, vc, build_native_plan(rows, q.shape[0], 16, None), None), full)
+        assert torch.equal(attend(q, kc, vc, build_native_plan(rows, q.shape[0], 16, None, kc.shape[0]), None), full)
     finally:
         torch.set_num_threads(threads)
 

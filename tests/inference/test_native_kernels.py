@@ -266,6 +266,20 @@ def test_without_a_compiler_auto_falls_back_and_native_names_the_reason(monkeypa
         EngineConfig(cpu_kernels="flash")
 
 
+def test_without_a_compiler_the_engine_runs_the_session_4_kernels(monkeypatch, tmp_path, model):
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    monkeypatch.setenv("ALIGN_NATIVE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(native, "_loaded", {})
+    monkeypatch.setattr(native, "_failed", {})
+    engine = Engine(model, EngineConfig(max_num_seqs=3, max_num_batched_tokens=24))
+    assert engine.cpu_kernels == "torch"
+    assert engine.linear_kernel == ("onednn" if torch.backends.mkldnn.is_available() else "torch")
+    prompt = random_prompts([9], model.config.vocab_size, seed=2)[0]
+    (r,) = engine.generate([GenerationRequest(prompt, SamplingParams(0.0, max_new_tokens=6))])
+    assert r.token_ids == naive_greedy(model, prompt, 6)
+    assert not (tmp_path / "cache").exists()  # nothing was built
+
+
 @needs_native
 def test_a_failing_build_reports_the_compiler_output_and_publishes_nothing(monkeypatch, tmp_path):
     src = tmp_path / "csrc"

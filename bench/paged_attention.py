@@ -20,23 +20,20 @@ import os
 import platform
 import random
 import statistics
-import time
+import sys
+from pathlib import Path
 
 import torch
 
-from align.inference.paged_attention import (NativeAttention, build_group, build_native_plan, group_attention,
-                                             native_cache_shapes, native_write_kv, write_kv)
+sys.path.insert(0, str(Path(__file__).parent))
+from linear_kernels import ms_per_call  # noqa: E402  (the same timing loop as the matmul bench)
+
+from align.inference.paged_attention import (  # noqa: E402
+    NativeAttention, build_group, build_native_plan, group_attention, native_cache_shapes, native_write_kv, write_kv)
 
 SHAPES = {"tiny": (8, 2, 32), "small": (8, 2, 64)}  # query heads, KV heads, head dim
 BLOCK = 16
 CACHE_BLOCKS = 4096
-
-
-def ms_per_call(fn, calls: int) -> float:
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    return (time.perf_counter() - t0) / calls * 1e3
 
 
 def tables(rows: int, keys: int, shared: int, group: int, rng: random.Random) -> list[list[int]]:

@@ -109,7 +109,12 @@ def group_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
 
 
 _NATIVE_DTYPES = (torch.float32, torch.bfloat16)
-_I64, _PTR = ctypes.c_int64, ctypes.c_void_p
+_I64, _PTR = native.I64, native.PTR
+SIGNATURES: native.Signatures = {
+    "align_paged_attention": ([_PTR, _PTR, _PTR, _I64, _PTR, _I64, _PTR, _PTR, _I64, _I64, _I64, _I64, _I64, _I64,
+                               native.F32, _PTR, _PTR, _I64, _I64], ctypes.c_int),
+    "align_paged_attention_scratch": ([_I64, _I64, _I64, _I64], _I64),
+}
 
 
 @dataclass(frozen=True)
@@ -147,15 +152,7 @@ def build_native_plan(rows: list[tuple[int, int, list[int]]], n_tokens: int, blo
 
 
 def _native_lib() -> ctypes.CDLL:
-    lib = native.load("paged_attention")
-    if not getattr(lib, "_align_typed", False):
-        lib.align_paged_attention.argtypes = [_PTR, _PTR, _PTR, _I64, _PTR, _I64, _PTR, _PTR, _I64, _I64, _I64, _I64,
-                                              _I64, _I64, ctypes.c_float, _PTR, _PTR, _I64, _I64]
-        lib.align_paged_attention.restype = ctypes.c_int
-        lib.align_paged_attention_scratch.argtypes = [_I64, _I64, _I64, _I64]
-        lib.align_paged_attention_scratch.restype = _I64
-        lib._align_typed = True
-    return lib
+    return native.load("paged_attention", SIGNATURES)
 
 
 def native_unsupported(device: torch.device, dtype: torch.dtype, heads: int, kv_heads: int, head_dim: int,
@@ -171,14 +168,14 @@ def native_unsupported(device: torch.device, dtype: torch.dtype, heads: int, kv_
         return f"it needs head_dim and block_size multiples of 16, got {head_dim} and {block_size}"
     try:
         _native_lib()
-        native.load("sampling")  # the sampler's half of cpu_kernels "native" (sampler.py)
+        native.load("sampling")  # the sampler's half of cpu_kernels "native" (typed by sampler.native_lib)
     except native.NativeUnavailable as err:
         return str(err)
     return None
 
 
-def resolve_cpu_kernels(kernel: str, device: torch.device, dtype: torch.dtype, heads: int,
-                             kv_heads: int, head_dim: int, block_size: int) -> str:
+def resolve_cpu_kernels(kernel: str, device: torch.device, dtype: torch.dtype, heads: int, kv_heads: int,
+                        head_dim: int, block_size: int) -> str:
     """EngineConfig.cpu_kernels -> the kernel to run: "auto" is "native" where it can run, else "torch"."""
     if kernel not in CPU_KERNELS:
         raise ValueError(f"EngineConfig.cpu_kernels must be one of {CPU_KERNELS}, got {kernel!r}")

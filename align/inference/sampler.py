@@ -24,7 +24,11 @@ import torch
 from align.kernels import native as native_build
 
 CDF_CHUNK = 128
-_I64, _PTR = ctypes.c_int64, ctypes.c_void_p
+_I64, _PTR = native_build.I64, native_build.PTR
+SIGNATURES: native_build.Signatures = {
+    "align_greedy": ([_PTR, _I64, _I64, _I64, _PTR, _PTR], None),
+    "align_softmax_weights": ([_PTR, _I64, _I64, _I64, _I64, _PTR, _PTR, _PTR], None),
+}
 
 
 @dataclass(frozen=True)
@@ -104,13 +108,7 @@ def chunk_mass(weights: torch.Tensor) -> torch.Tensor:
 
 def native_lib() -> ctypes.CDLL:
     """csrc/sampling.c, built on first use (raises native.NativeUnavailable where it cannot be)."""
-    lib = native_build.load("sampling")
-    if not getattr(lib, "_align_typed", False):
-        lib.align_greedy.argtypes = [_PTR, _I64, _I64, _I64, _PTR, _PTR]
-        lib.align_softmax_weights.argtypes = [_PTR, _I64, _I64, _I64, _I64, _PTR, _PTR, _PTR]
-        lib.align_greedy.restype = lib.align_softmax_weights.restype = None
-        lib._align_typed = True
-    return lib
+    return native_build.load("sampling", SIGNATURES)
 
 
 def _native_rows(x: torch.Tensor) -> torch.Tensor:

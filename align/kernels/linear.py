@@ -13,7 +13,11 @@ import torch
 
 from align.kernels import native
 
-_I64, _PTR = ctypes.c_int64, ctypes.c_void_p
+_I64, _PTR = native.I64, native.PTR
+SIGNATURES: native.Signatures = {
+    "align_linear_pack": ([_PTR, _I64, _I64, _PTR], None),
+    "align_linear": ([_PTR, _I64, _I64, _I64, _PTR, _I64, _PTR, _I64, _PTR, _I64, _I64], ctypes.c_int),
+}
 
 
 @dataclass(frozen=True)
@@ -25,14 +29,7 @@ class PackedWeight:
 
 def lib() -> ctypes.CDLL:
     """csrc/linear.c, built on first use (raises native.NativeUnavailable where it cannot be)."""
-    handle = native.load("linear")
-    if not getattr(handle, "_align_typed", False):
-        handle.align_linear_pack.argtypes = [_PTR, _I64, _I64, _PTR]
-        handle.align_linear_pack.restype = None
-        handle.align_linear.argtypes = [_PTR, _I64, _I64, _I64, _PTR, _I64, _PTR, _I64, _PTR, _I64, _I64]
-        handle.align_linear.restype = ctypes.c_int
-        handle._align_typed = True
-    return handle
+    return native.load("linear", SIGNATURES)
 
 
 def pack(w: torch.Tensor) -> PackedWeight:

@@ -21,10 +21,15 @@ import platform
 import shutil
 import subprocess
 import tempfile
+from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 CSRC = Path(__file__).with_name("csrc")
 FLAGS = ("-O3", "-march=native", "-std=gnu11", "-fPIC", "-shared", "-pthread")
+
+I64, PTR, F32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float  # the kernels' argument types
+Signatures = dict[str, tuple[list[Any], Any]]  # C function -> (argtypes, restype)
 
 _loaded: dict[str, ctypes.CDLL] = {}
 _failed: dict[str, str] = {}
@@ -63,13 +68,18 @@ def _cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "align" / "native"
 
 
+@lru_cache(maxsize=None)
+def _toolchain(cc: str) -> str:
+    """The compiler's version and the CPU's identity, once per process (not once per kernel)."""
+    return subprocess.run([cc, "--version"], capture_output=True, text=True).stdout + _cpu_fingerprint()
+
+
 def _build(name: str) -> Path:
     source = CSRC / f"{name}.c"
     cc = _compiler()
-    version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
     sources = [f"{p.name}\n{p.read_text()}" for p in sorted(CSRC.iterdir()) if p.suffix in (".c", ".h")]
     digest = hashlib.sha256(  # every source and header: an edited vexp.h rebuilds the kernels that include it
-        "\0".join([*sources, " ".join(FLAGS), version, _cpu_fingerprint()]).encode()).hexdigest()[:16]
+        "\0".join([*sources, " ".join(FLAGS), _toolchain(cc)]).encode()).hexdigest()[:16]
     out_dir = _cache_dir()
     target = out_dir / f"{name}-{digest}.so"
     if target.exists():
@@ -88,16 +98,18 @@ def _build(name: str) -> Path:
     return target
 
 
-def load(name: str) -> ctypes.CDLL:
-    """The compiled csrc/<name>.c of this process (built on first use; a failure is remembered and re-raised)."""
-    if name in _loaded:
-        return _loaded[name]
-    if name in _failed:
-        raise NativeUnavailable(_failed[name])
-    try:
-        lib = ctypes.CDLL(str(_build(name)))
-    except (NativeUnavailable, OSError) as err:
-        _failed[name] = str(err)
-        raise NativeUnavailable(str(err)) from err
-    _loaded[name] = lib
+def load(name: str, signatures: Signatures | None = None) -> ctypes.CDLL:
+    """The compiled csrc/<name>.c of this process (built on first use; a failure is remembered and re-raised), its
+    functions typed by `signatures` (ctypes passes untyped arguments as C ints)."""
+    if name not in _loaded:
+        if name in _failed:
+            raise NativeUnavailable(_failed[name])
+        try:
+            _loaded[name] = ctypes.CDLL(str(_build(name)))
+        except (NativeUnavailable, OSError) as err:
+            _failed[name] = str(err)
+            raise NativeUnavailable(str(err)) from err
+    lib = _loaded[name]
+    for fn, (argtypes, restype) in (signatures or {}).items():
+        getattr(lib, fn).argtypes, getattr(lib, fn).restype = argtypes, restype
     return lib

@@ -176,10 +176,25 @@ class FusedDecoder:
             return F.rms_norm(x, module.weight.shape, module.weight, module.eps)
         return module(x)
 
+    def _native_fp32(self, x: torch.Tensor, norm) -> bool:
+        """Whether the product can take its elementwise step as a native prologue (fp32 rows and norm weight)."""
+        return self.kernel == "native" and x.dtype == torch.float32 and (
+            norm is None or norm.weight.dtype == torch.float32)
+
+    def normed_linear(self, norm, x: torch.Tensor, w) -> torch.Tensor:
+        """norm(x) @ w.T; on the native kernel the RMSNorm is the matmul's prologue (no pass of its own)."""
+        if self._native_fp32(x, norm):
+            arg = (norm.weight.detach().contiguous(), norm.eps)
+            return chunked(lambda c: native_linear.linear(c, w, rms_norm=arg), x)
+        return self.linear(self.norm(norm, x), w)
+
+    def qkv_proj(self, i: int, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden (N, D) -> the fused q, k, v projection (N, (H + 2 KVH) * Dh) of the normed hidden, no RoPE."""
+        return self.normed_linear(self.layers[i].input_layernorm, hidden, self.fused[i].wqkv)
+
     def qkv(self, i: int, hidden: torch.Tensor, rope) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """hidden (N, D) -> q (N, H, Dh), k (N, KVH, Dh), v (N, KVH, Dh); RoPE applied to q and k."""
-        layer = self.layers[i]
-        out = self.linear(self.norm(layer.input_layernorm, hidden), self.fused[i].wqkv)  # (N, q + 2 kv)
+        out = self.qkv_proj(i, hidden)  # (N, q + 2 kv)
         n = hidden.shape[0]
         qk = apply_rope(out[:, :self.q_dim + self.kv_dim].view(n, self.heads, self.head_dim), *rope)
         q, k = qk.split((self.q_dim // self.head_dim, self.kv_dim // self.head_dim), dim=1)
@@ -190,9 +205,12 @@ class FusedDecoder:
         return self.linear_add(attn.flatten(1), self.fused[i].wo, hidden)  # (N, H * Dh) -> (N, D)
 
     def mlp(self, i: int, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden (N, D) -> hidden + mlp(norm(hidden))."""
-        layer = self.layers[i]
-        gu = self.linear(self.norm(layer.post_attention_layernorm, hidden), self.fused[i].wgu)  # (N, 2F)
+        """hidden (N, D) -> hidden + mlp(norm(hidden)). On the native kernel the norm is the gate/up product's
+        prologue and silu(gate) * up the down product's."""
+        gu = self.normed_linear(self.layers[i].post_attention_layernorm, hidden, self.fused[i].wgu)  # (N, 2F)
+        if self._native_fp32(gu, None):
+            wd = self.fused[i].wdown
+            return chunked(lambda c, r: native_linear.linear(c, wd, residual=r, swiglu=True), gu, hidden)
         return self.linear_add(F.silu(gu[:, :self.ffn]) * gu[:, self.ffn:], self.fused[i].wdown, hidden)
 
     def agreeing_row_counts(self) -> tuple[int, ...]:

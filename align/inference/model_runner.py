@@ -52,6 +52,7 @@ class ModelRunner:
         self.batch_invariant = batch_invariant
         self.trash_slot = num_blocks * block_size  # an extra block no sequence owns: padding rows write there
         self.sliding_window = cfg.sliding_window
+        self.num_heads = cfg.num_attention_heads
         weight = model.model.embed_tokens.weight
         self.device = weight.device
         self.decoder = FusedDecoder(model, linear_kernel)
@@ -142,9 +143,14 @@ class ModelRunner:
         m, dec = self.model.model, self.decoder
         hidden = m.embed_tokens(inputs.input_ids)  # (N, D)
         rope = m.layers[0].self_attn.rope(inputs.positions, hidden.dtype) if len(m.layers) else None
+        fused_rope = self.native_attention is not None and hidden.dtype == torch.float32
         for i in range(len(m.layers)):
-            q, k, v = dec.qkv(i, hidden, rope)  # (N, H, Dh), (N, KVH, Dh) x2
-            self.write_kv(self.k_cache[i], self.v_cache[i], inputs.slots, k, v)
+            if fused_rope:  # RoPE and the KV write in one C pass over the projection
+                q = self.native_attention.rope_write_kv(dec.qkv_proj(i, hidden), *rope, self.k_cache[i],
+                                                        self.v_cache[i], inputs.slots, self.num_heads)
+            else:
+                q, k, v = dec.qkv(i, hidden, rope)  # (N, H, Dh), (N, KVH, Dh) x2
+                self.write_kv(self.k_cache[i], self.v_cache[i], inputs.slots, k, v)
             if inputs.native is not None:
                 out = self.native_attention(q, self.k_cache[i], self.v_cache[i], inputs.native, self.sliding_window)
             elif len(inputs.groups) == 1 and inputs.groups[0].token_slice.stop == q.shape[0]:

@@ -114,6 +114,8 @@ SIGNATURES: native.Signatures = {
     "align_paged_attention": ([_PTR, _PTR, _PTR, _I64, _PTR, _I64, _PTR, _PTR, _I64, _I64, _I64, _I64, _I64, _I64,
                                native.F32, _PTR, _PTR, _I64, _I64], ctypes.c_int),
     "align_paged_attention_scratch": ([_I64, _I64, _I64, _I64], _I64),
+    "align_rope_write_kv": ([_PTR, _I64, _I64, _I64, _I64, _I64, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _I64, _I64,
+                             _I64], ctypes.c_int),
 }
 
 
@@ -205,7 +207,8 @@ def native_write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.T
 
 
 class NativeAttention:
-    """The "native" kernel for one runner: a scratch buffer reused across calls (grown on demand)."""
+    """The "native" kernel for one runner: a scratch buffer reused across calls (grown on demand), and the step's
+    RoPE + KV write in one C pass (`rope_write_kv`)."""
 
     def __init__(self):
         self.lib = _native_lib()
@@ -231,3 +234,21 @@ class NativeAttention:
             plan.tok_pos.data_ptr(), n, h, kvh, dh, bs, window or 0, dh ** -0.5, out.data_ptr(),
             self.scratch.data_ptr(), plan.max_keys, threads)
         return out if q.dtype == torch.float32 else out.to(q.dtype)
+
+    def rope_write_kv(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
+                      v_cache: torch.Tensor, slots: torch.Tensor, heads: int) -> torch.Tensor:
+        """The fp32 qkv projection (N, (H + 2 KVH) * Dh) -> rotated q (N, H, Dh); the rotated keys and the values
+        are written at `slots` of one layer's caches (native_cache_shapes), with apply_rope's exact rounding and
+        write_kv's cast. One pass over the step's tokens instead of RoPE's six torch ops and two index_put_."""
+        n = qkv.shape[0]
+        kvh, dh, bs = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
+        assert qkv.dtype == torch.float32 and qkv.stride(1) == 1 and qkv.shape[1] == (heads + 2 * kvh) * dh
+        assert cos.shape == sin.shape == (n, dh) and cos.dtype == sin.dtype == torch.float32
+        assert cos.is_contiguous() and sin.is_contiguous() and slots.shape == (n,) and dh <= 1024
+        assert k_cache.is_contiguous() and v_cache.is_contiguous() and k_cache.dtype in _NATIVE_DTYPES
+        q = torch.empty((n, heads, dh), dtype=torch.float32)
+        self.lib.align_rope_write_kv(qkv.data_ptr(), qkv.stride(0), n, heads, kvh, dh, cos.data_ptr(),
+                                     sin.data_ptr(), slots.data_ptr(), q.data_ptr(), k_cache.data_ptr(),
+                                     v_cache.data_ptr(), bs, int(k_cache.dtype == torch.bfloat16),
+                                     max(1, torch.get_num_threads()))
+        return q

@@ -16,8 +16,10 @@ from align.kernels import native
 _I64, _PTR = native.I64, native.PTR
 SIGNATURES: native.Signatures = {
     "align_linear_pack": ([_PTR, _I64, _I64, _PTR], None),
-    "align_linear": ([_PTR, _I64, _I64, _I64, _PTR, _I64, _PTR, _I64, _PTR, _I64, _I64], ctypes.c_int),
+    "align_linear": ([_PTR, _I64, _I64, _I64, _PTR, _I64, _PTR, _I64, _PTR, _I64, _I64, _PTR, native.F32, _I64],
+                     ctypes.c_int),
 }
+_RMSNORM, _SWIGLU = 1, 2  # csrc/linear.c's prologues
 
 
 @dataclass(frozen=True)
@@ -45,20 +47,36 @@ def pack(w: torch.Tensor) -> PackedWeight:
 
 
 def linear(x: torch.Tensor, w: PackedWeight, residual: torch.Tensor | None = None,
-           out: torch.Tensor | None = None) -> torch.Tensor:
-    """x (M, in) @ W^T (+ residual (M, out)) -> (M, out) fp32, written into `out` when given."""
+           out: torch.Tensor | None = None, rms_norm: tuple[torch.Tensor, float] | None = None,
+           swiglu: bool = False) -> torch.Tensor:
+    """x (M, in) @ W^T (+ residual (M, out)) -> (M, out) fp32, written into `out` when given.
+
+    rms_norm=(weight (in,), eps): the rows are RMS-normed first, x * weight / sqrt(mean(x^2) + eps).
+    swiglu: x is (M, 2 * in), gate and up side by side, and the rows multiplied are silu(gate) * up.
+    Both are applied in the copy of x the kernel makes anyway (csrc/linear.c), not as passes of their own."""
     x = x if x.stride(-1) == 1 else x.contiguous()
     m, k = x.shape
-    if k != w.in_features or x.dtype != torch.float32:
-        raise ValueError(f"x is {tuple(x.shape)} {x.dtype}; the weight takes float32 rows of {w.in_features}")
+    width = 2 * w.in_features if swiglu else w.in_features
+    if k != width or x.dtype != torch.float32:
+        raise ValueError(f"x is {tuple(x.shape)} {x.dtype}; the weight takes float32 rows of {width}")
+    if swiglu and rms_norm is not None:
+        raise ValueError("one prologue per product: rms_norm or swiglu, not both")
     y = torch.empty((m, w.out_features), dtype=torch.float32) if out is None else out
     assert y.shape == (m, w.out_features) and y.stride(-1) == 1
     if residual is not None:
         residual = residual if residual.stride(-1) == 1 else residual.contiguous()
         assert residual.shape == y.shape and residual.dtype == torch.float32
-    rc = lib().align_linear(x.data_ptr(), m, k, x.stride(0), w.panels.data_ptr(), w.out_features, y.data_ptr(),
-                            y.stride(0), None if residual is None else residual.data_ptr(),
-                            0 if residual is None else residual.stride(0), max(1, torch.get_num_threads()))
+    prologue, pw, eps = 0, None, 0.0
+    if rms_norm is not None:
+        weight, eps = rms_norm
+        assert weight.shape == (w.in_features,) and weight.dtype == torch.float32 and weight.is_contiguous()
+        prologue, pw = _RMSNORM, weight.data_ptr()
+    elif swiglu:
+        prologue = _SWIGLU
+    rc = lib().align_linear(x.data_ptr(), m, w.in_features, x.stride(0), w.panels.data_ptr(), w.out_features,
+                            y.data_ptr(), y.stride(0), None if residual is None else residual.data_ptr(),
+                            0 if residual is None else residual.stride(0), prologue, pw, float(eps),
+                            max(1, torch.get_num_threads()))
     if rc == -2:
         raise MemoryError(f"native linear: no memory for a copy of x {tuple(x.shape)}")
     return y

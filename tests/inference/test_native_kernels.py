@@ -1,7 +1,9 @@
 """The engine's C kernels (EngineConfig.cpu_kernels: "auto", the default, is "native" on a CPU where they build,
 else "torch"): paged attention against a float64 softmax(q k^T) v over the same paged cache, bitwise invariance of a
 token's result to its batch, chunk and thread count; the sampler's row passes against float64 and the torch passes;
-the engine's contracts on both settings; the fallback and errors where the C kernels cannot run."""
+the native linear kernel and its RMSNorm / SwiGLU prologues against float64, RoPE + the KV write against the
+model's apply_rope bitwise; the engine's contracts on both settings; the fallback and errors where the C kernels
+cannot run."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from align.inference.paged_attention import (NativeAttention, build_native_plan,
                                              native_write_kv, resolve_cpu_kernels)
 from align.kernels import linear as native_linear
 from align.kernels import native
+from align.model.layers import apply_rope, rope_cos_sin
 from inference_helpers import (assert_batch_invariant, assert_greedy_and_logprob_contracts, naive_greedy,
                                random_prompts, small_model)
 
@@ -206,6 +209,60 @@ def test_native_linear_rounds_a_row_the_same_in_any_batch_and_thread_count():
         native_linear.pack(torch.ones(4, 4, dtype=torch.bfloat16))
     with pytest.raises(ValueError, match="takes float32 rows of 96"):
         native_linear.linear(torch.ones(2, 95), packed)
+
+
+@needs_native
+@pytest.mark.parametrize("rows,out_f,in_f", [(1, 16, 8), (16, 100, 64), (37, 384, 256), (130, 50, 40)])
+def test_native_linear_prologues_equal_rms_norm_and_swiglu_then_the_product(rows, out_f, in_f):
+    g = torch.Generator().manual_seed(rows + 100)
+    w = torch.randn(out_f, in_f, generator=g)
+    packed, F = native_linear.pack(w), torch.nn.functional
+    x, gu = torch.randn(rows, in_f, generator=g) * 3, torch.randn(rows, 2 * in_f, generator=g) * 3
+    norm_w, eps, res = torch.rand(in_f, generator=g) + 0.5, 1e-5, torch.randn(rows, out_f, generator=g)
+
+    def close(got, inputs):  # float64 product of the float64 prologue: fp32 rounding of both, relative to scale
+        ref = inputs @ w.double().T
+        scale = (inputs.abs() @ w.abs().double().T) + 1e-30
+        assert ((got.double() - ref).abs() / scale).max() < 1e-5
+
+    x64 = x.double()
+    normed = x64 * norm_w.double() / (x64.pow(2).mean(-1, keepdim=True) + eps).sqrt()
+    close(native_linear.linear(x, packed, rms_norm=(norm_w, eps)), normed)
+    g64, u64 = gu.double()[:, :in_f], gu.double()[:, in_f:]
+    got = native_linear.linear(gu, packed, residual=res, swiglu=True)
+    close(got - res, g64 * torch.sigmoid(g64) * u64)
+    # and as the torch ops the engine ran before: within fp32 rounding of F.rms_norm / F.silu
+    torch.testing.assert_close(native_linear.linear(x, packed, rms_norm=(norm_w, eps)),
+                               native_linear.linear(F.rms_norm(x, (in_f,), norm_w, eps), packed), rtol=1e-5,
+                               atol=1e-5)
+    # a row's result does not depend on the rows beside it
+    for lo, hi in ((0, 1), (rows // 2, rows)):
+        assert torch.equal(native_linear.linear(gu[lo:hi].clone(), packed, swiglu=True),
+                           native_linear.linear(gu, packed, swiglu=True)[lo:hi])
+        assert torch.equal(native_linear.linear(x[lo:hi].clone(), packed, rms_norm=(norm_w, eps)),
+                           native_linear.linear(x, packed, rms_norm=(norm_w, eps))[lo:hi])
+    with pytest.raises(ValueError, match=f"takes float32 rows of {2 * in_f}"):
+        native_linear.linear(x, packed, swiglu=True)
+    with pytest.raises(ValueError, match="one prologue per product"):
+        native_linear.linear(gu, packed, swiglu=True, rms_norm=(norm_w, eps))
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rope_write_kv_is_apply_rope_and_the_kv_write_bitwise(dtype):
+    heads, kvh, dh, bs, n = 8, 2, 64, 16, 37
+    g = torch.Generator().manual_seed(3)
+    qkv = torch.randn(n, (heads + 2 * kvh) * dh, generator=g) * 2
+    cos, sin = rope_cos_sin(torch.randint(0, 500, (n,), generator=g), dh, 10000.0, torch.float32)
+    slots = torch.randperm(6 * bs, generator=g)[:n]
+    k_shape, v_shape = native_cache_shapes(1, 6, bs, kvh, dh)
+    want_k, want_v = torch.zeros(k_shape, dtype=dtype)[0], torch.zeros(v_shape, dtype=dtype)[0]
+    got_k, got_v = torch.zeros(k_shape, dtype=dtype)[0], torch.zeros(v_shape, dtype=dtype)[0]
+    qk = apply_rope(qkv[:, :(heads + kvh) * dh].view(n, heads + kvh, dh), cos, sin)
+    native_write_kv(want_k, want_v, slots, qk[:, heads:], qkv[:, (heads + kvh) * dh:].view(n, kvh, dh))
+    q = NativeAttention().rope_write_kv(qkv, cos, sin, got_k, got_v, slots, heads)
+    assert torch.equal(q, qk[:, :heads])
+    assert torch.equal(got_k, want_k) and torch.equal(got_v, want_v)
 
 
 @needs_native

@@ -9,15 +9,23 @@
    KB ahead, and multiplied into up to 16 rows at a time held in registers (one broadcast FMA per row and k).
 
    Every output element is one fp32 FMA chain over k in order (plus the residual added after), whatever M, the
-   row's block or the thread count: a row's result does not depend on the batch it is in. */
+   row's block or the thread count: a row's result does not depend on the batch it is in.
 
+   A prologue can transform each row of x while it is copied (the copy that transposes x is made anyway), so the
+   decoder's elementwise steps before a matmul cost no pass over memory and no temporary of their own:
+   - PROLOGUE_RMSNORM: row * w / sqrt(mean(row^2) + eps), the pre-attention and pre-MLP RMSNorm;
+   - PROLOGUE_SWIGLU: x holds (gate, up) side by side, 2K wide; the row multiplied is silu(gate) * up.
+   Each row is transformed on its own (16-lane vectors in a fixed order), so row invariance holds with them. */
+
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "vexp.h"
 #include "workers.h"
 
-typedef float v16 __attribute__((vector_size(64)));
+enum { PROLOGUE_NONE = 0, PROLOGUE_RMSNORM = 1, PROLOGUE_SWIGLU = 2 };
 
 /* packed: (ceil(N / 16), K, 16), columns past N zero */
 void align_linear_pack(const float *w, int64_t N, int64_t K, float *packed) {
@@ -91,17 +99,54 @@ static void *run(void *arg) {
     return NULL;
 }
 
+/* Row r of x, transformed by the prologue, into row[0..K). */
+static void prologue_row(const float *xr, int64_t K, int prologue, const float *pw, float eps, float *row) {
+    int64_t k = 0;
+    if (prologue == PROLOGUE_RMSNORM) {
+        v16 ss = {0};
+        for (; k + 16 <= K; k += 16) {
+            v16 a;
+            memcpy(&a, xr + k, 64);
+            ss += a * a;
+        }
+        float sum = 0.0f;
+        for (int l = 0; l < 16; l++) sum += ss[l];
+        for (; k < K; k++) sum += xr[k] * xr[k];
+        const float inv = 1.0f / sqrtf(sum / (float)K + eps);
+        for (k = 0; k < K; k++) row[k] = xr[k] * inv * pw[k];
+    } else if (prologue == PROLOGUE_SWIGLU) {
+        for (; k + 16 <= K; k += 16) {
+            v16 g, u;
+            memcpy(&g, xr + k, 64);
+            memcpy(&u, xr + K + k, 64);
+            v16 y = g / (1.0f + exp16(-g)) * u;
+            memcpy(row + k, &y, 64);
+        }
+        for (; k < K; k++) row[k] = xr[k] / (1.0f + exp1(-xr[k])) * xr[K + k];
+    } else {
+        memcpy(row, xr, (size_t)K * sizeof(float));
+    }
+}
+
 /* Returns 0, -1 when a worker thread could not be started (its panels then run on the calling thread), or -2 when
-   the transposed copy of x could not be allocated (nothing computed). */
+   the transposed copy of x could not be allocated (nothing computed). pw: the RMSNorm weight (K,), else unused. */
 int align_linear(const float *x, int64_t M, int64_t K, int64_t ldx, const float *packed, int64_t N, float *y,
-                 int64_t ldy, const float *residual, int64_t ldr, int64_t threads) {
+                 int64_t ldy, const float *residual, int64_t ldr, int64_t prologue, const float *pw, float eps,
+                 int64_t threads) {
     const int64_t panels = (N + 15) / 16, blocks = (M + 15) / 16;
-    float *xt = malloc((size_t)(blocks * K * 16) * sizeof(float));
+    float *xt = malloc((size_t)((blocks * 16 + 1) * K) * sizeof(float));
     if (!xt) return -2;
+    float *row = xt + blocks * K * 16;
     for (int64_t b = 0; b < blocks; b++)
-        for (int64_t k = 0; k < K; k++)
-            for (int64_t r = 0; r < 16; r++)
-                xt[(b * K + k) * 16 + r] = b * 16 + r < M ? x[(b * 16 + r) * ldx + k] : 0.0f;
+        for (int64_t r = 0; r < 16; r++) {
+            float *col = xt + b * K * 16 + r;
+            if (b * 16 + r < M) {
+                prologue_row(x + (b * 16 + r) * ldx, K, (int)prologue, pw, eps, row);
+                for (int64_t k = 0; k < K; k++) col[k * 16] = row[k];
+            } else {
+                for (int64_t k = 0; k < K; k++) col[k * 16] = 0.0f;
+            }
+        }
     threads = align_workers(threads, panels);
     Job jobs[ALIGN_MAX_WORKERS];
     for (int64_t w = 0; w < threads; w++) {

@@ -207,3 +207,73 @@ int align_paged_attention(const float *q, const void *k, const void *v, int64_t 
     }
     return align_run_workers(run, jobs, sizeof(Job), threads);
 }
+
+/* ---- RoPE and the KV write of a step, before its attention ---- */
+
+/* fp32 -> bf16, rounding to nearest even as torch's .to(torch.bfloat16) does (NaN stays a quiet NaN). */
+static inline uint16_t to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* NOTE: no FMA contraction here, so the rotation rounds exactly as the model's apply_rope (x * cos +
+   rotate_half(x) * sin: two rounded products, one rounded sum) and q, k are bitwise the model's. */
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off")
+static void rotate(const float *x, const float *c, const float *s, int64_t Dh, float *out) {
+    const int64_t half = Dh / 2;
+    for (int64_t d = 0; d < half; d++) out[d] = x[d] * c[d] + (-x[d + half]) * s[d];
+    for (int64_t d = half; d < Dh; d++) out[d] = x[d] * c[d] + x[d - half] * s[d];
+}
+#pragma GCC pop_options
+
+typedef struct {
+    const float *qkv, *cos, *sin;
+    const int64_t *slots;
+    float *q;
+    void *k, *v;
+    int64_t ld, H, KVH, Dh, bs, bf16, first, last;
+} RopeJob;
+
+static inline void store(const RopeJob *j, void *base, int64_t idx, float x) {
+    if (j->bf16) ((uint16_t *)base)[idx] = to_bf16(x);
+    else ((float *)base)[idx] = x;
+}
+
+static void *rope_run(void *arg) {
+    const RopeJob *j = (const RopeJob *)arg;
+    const int64_t H = j->H, KVH = j->KVH, Dh = j->Dh, bs = j->bs;
+    float kr[1024];  /* Dh <= 1024 checked by the caller */
+    for (int64_t t = j->first; t < j->last; t++) {
+        const float *row = j->qkv + t * j->ld, *c = j->cos + t * Dh, *s = j->sin + t * Dh;
+        for (int64_t h = 0; h < H; h++) rotate(row + h * Dh, c, s, Dh, j->q + (t * H + h) * Dh);
+        const int64_t blk = j->slots[t] / bs, off = j->slots[t] % bs;
+        for (int64_t h = 0; h < KVH; h++) {
+            rotate(row + (H + h) * Dh, c, s, Dh, kr);
+            const float *vr = row + (H + KVH + h) * Dh;
+            const int64_t kbase = (blk * KVH + h) * Dh * bs + off, vbase = ((blk * KVH + h) * bs + off) * Dh;
+            for (int64_t d = 0; d < Dh; d++) {
+                store(j, j->k, kbase + d * bs, kr[d]);
+                store(j, j->v, vbase + d, vr[d]);
+            }
+        }
+    }
+    return NULL;
+}
+
+/* qkv (N, ld) fp32: each token's q (H heads), k, v (KVH heads each) side by side; cos, sin (N, Dh) fp32.
+   Writes the rotated queries to q (N, H, Dh) and the rotated keys and the values at their slots of one layer's
+   cache (the layout above). Returns 0, or -1 when a worker thread could not be started. */
+int align_rope_write_kv(const float *qkv, int64_t ld, int64_t N, int64_t H, int64_t KVH, int64_t Dh,
+                        const float *cos, const float *sin, const int64_t *slots, float *q, void *k, void *v,
+                        int64_t bs, int64_t bf16, int64_t threads) {
+    threads = align_workers(threads, N);
+    RopeJob jobs[ALIGN_MAX_WORKERS];
+    for (int64_t w = 0; w < threads; w++) {
+        RopeJob j = {qkv, cos, sin, slots, q, k, v, ld, H, KVH, Dh, bs, bf16, N * w / threads, N * (w + 1) / threads};
+        jobs[w] = j;
+    }
+    return align_run_workers(rope_run, jobs, sizeof(RopeJob), threads);
+}

@@ -26,7 +26,11 @@ from pathlib import Path
 from typing import Any
 
 CSRC = Path(__file__).with_name("csrc")
-FLAGS = ("-O3", "-march=native", "-std=gnu11", "-fPIC", "-shared", "-pthread")
+MARCH_ENV = "ALIGN_NATIVE_MARCH"  # e.g. x86-64-v3: build for a narrower ISA than this CPU's (tests, A/B timings)
+
+
+def flags() -> tuple[str, ...]:
+    return ("-O3", f"-march={os.environ.get(MARCH_ENV) or 'native'}", "-std=gnu11", "-fPIC", "-shared", "-pthread")
 
 I64, PTR, F32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float  # the kernels' argument types
 Signatures = dict[str, tuple[list[Any], Any]]  # C function -> (argtypes, restype)
@@ -79,7 +83,7 @@ def _build(name: str) -> Path:
     cc = _compiler()
     sources = [f"{p.name}\n{p.read_text()}" for p in sorted(CSRC.iterdir()) if p.suffix in (".c", ".h")]
     digest = hashlib.sha256(  # every source and header: an edited vexp.h rebuilds the kernels that include it
-        "\0".join([*sources, " ".join(FLAGS), _toolchain(cc)]).encode()).hexdigest()[:16]
+        "\0".join([*sources, " ".join(flags()), _toolchain(cc)]).encode()).hexdigest()[:16]
     out_dir = _cache_dir()
     target = out_dir / f"{name}-{digest}.so"
     if target.exists():
@@ -88,7 +92,7 @@ def _build(name: str) -> Path:
     fd, tmp = tempfile.mkstemp(prefix=f".{name}-", suffix=".so", dir=out_dir)
     os.close(fd)
     try:
-        done = subprocess.run([cc, *FLAGS, "-o", tmp, str(source), "-lm"], capture_output=True, text=True)
+        done = subprocess.run([cc, *flags(), "-o", tmp, str(source), "-lm"], capture_output=True, text=True)
         if done.returncode != 0:
             raise NativeUnavailable(f"{cc} failed to build {source} (exit {done.returncode}):\n{done.stderr[-2000:]}")
         os.replace(tmp, target)  # atomic: a concurrent builder publishes the same bytes under the same name

@@ -362,3 +362,44 @@ def test_the_library_is_built_once_into_the_cache(monkeypatch, tmp_path):
     monkeypatch.setattr(native, "_loaded", {})
     native.load("paged_attention")  # a new process finds it: no rebuild
     assert built[0].stat().st_mtime_ns == stamp
+
+
+def _host_has(*flags: str) -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            have = next((line.split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return False
+    return all(flag in have for flag in flags)
+
+
+def _kernel_outputs() -> list[torch.Tensor]:
+    """The three C kernels on fixed random inputs: linear (+ both prologues), attention (fp32, bf16), sampler."""
+    g = torch.Generator().manual_seed(11)
+    packed = native_linear.pack(torch.randn(200, 96, generator=g))
+    x, gu, nw = torch.randn(37, 96, generator=g), torch.randn(37, 192, generator=g), torch.rand(96, generator=g)
+    outs = [native_linear.linear(x, packed), native_linear.linear(x, packed, rms_norm=(nw, 1e-5)),
+            native_linear.linear(gu, packed, swiglu=True)]
+    for dtype, dh in ((torch.float32, 64), (torch.bfloat16, 32), (torch.float32, 48)):
+        q, k_cache, v_cache, rows, _, _ = _paged_case([(0, 9), (40, 1), (70, 1)], 8, 2, dh, 16, dtype, seed=4)
+        plan = build_native_plan(rows, q.shape[0], 16, None, k_cache.shape[0])
+        outs.append(NativeAttention()(q, k_cache, v_cache, plan, None))
+    logits = torch.randn(5, 1000, generator=g) * 4
+    outs += list(sampler.native_greedy(logits)) + list(sampler.native_normalise(logits))
+    return outs
+
+
+@needs_native
+@pytest.mark.skipif(not _host_has("avx2", "fma"), reason="needs an x86-64 host with AVX2 and FMA")
+def test_a_build_for_avx2_computes_the_same_bits_as_the_native_build(monkeypatch, tmp_path):
+    """simd.h's width is the ISA's (16 floats with AVX-512, 8 with AVX2); the kernels' order of operations is
+    defined over 16 lanes, so with FMA hardware either build gives the same bits. (The AVX2 build also checks
+    that the kernels compile and run where there is no AVX-512.)"""
+    native_build = _kernel_outputs()
+    monkeypatch.setenv(native.MARCH_ENV, "x86-64-v3")
+    monkeypatch.setenv("ALIGN_NATIVE_CACHE", str(tmp_path))
+    monkeypatch.setattr(native, "_loaded", {})
+    avx2_build = _kernel_outputs()
+    assert len(list(tmp_path.glob("*.so"))) == 3  # the narrower build really ran
+    for a, b in zip(native_build, avx2_build):
+        assert torch.equal(a, b)

@@ -5,8 +5,9 @@
    Why: a decode step multiplies few rows by many weights, once per layer, and the weights are cold (the 32k-token
    head streams the caches clean every step). oneDNN's and MKL's small-M kernels read cold weights at 1-7 GB/s on a
    Zen 4 core that streams 16 GB/s (bench/linear_kernels.py), so a layer's small matmuls cost several times their
-   bytes. Here a weight panel (K x 16 floats, contiguous) is read once, front to back with a software prefetch a few
-   KB ahead, and multiplied into up to 16 rows at a time held in registers (one broadcast FMA per row and k).
+   bytes. Here a weight panel (K x 16 floats, contiguous) is streamed in once, front to back with a software
+   prefetch a few KB ahead, and multiplied into tiles of rows held in registers (one broadcast FMA per row and k;
+   the tile's shape is the ISA's, below); further row tiles of the same panels read them from cache.
 
    Every output element is one fp32 FMA chain over k in order (plus the residual added after), whatever M, the
    row's block or the thread count: a row's result does not depend on the batch it is in.
@@ -22,7 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "vexp.h"
+#include "simd.h"
 #include "workers.h"
 
 enum { PROLOGUE_NONE = 0, PROLOGUE_RMSNORM = 1, PROLOGUE_SWIGLU = 2 };
@@ -44,58 +45,104 @@ typedef struct {
 
 #define PREFETCH_AHEAD 64 /* k steps (4 KB of panel) */
 
-/* rows r0..r0+MR-1 times panel p */
-#define DEFINE_TILE(MR)                                                                                    \
-    static void tile_##MR(const Job *j, int64_t p, int64_t r0) {                                            \
-        const int64_t K = j->K;                                                                            \
-        const float *wp = j->packed + p * K * 16;                                                          \
-        const float *xb = j->xt + r0 * K; /* (K, 16): one base pointer, the rows at constant offsets */     \
-        v16 acc[MR];                                                                                       \
-        for (int r = 0; r < MR; r++) acc[r] = (v16){0};                                                    \
-        for (int64_t k = 0; k < K; k++) {                                                                  \
-            __builtin_prefetch(wp + (k + PREFETCH_AHEAD) * 16);                                            \
-            v16 w;                                                                                         \
-            memcpy(&w, wp + k * 16, 64);                                                                   \
-            for (int r = 0; r < MR; r++) acc[r] += xb[k * 16 + r] * w;                                     \
-        }                                                                                                  \
-        const int64_t n0 = p * 16, cols = j->N - n0 < 16 ? j->N - n0 : 16;                                 \
-        for (int r = 0; r < MR; r++) {                                                                     \
-            float out[16];                                                                                 \
-            memcpy(out, &acc[r], 64);                                                                      \
-            float *yr = j->y + (r0 + r) * j->ldy + n0;                                                     \
-            if (j->residual) {                                                                             \
-                const float *res = j->residual + (r0 + r) * j->ldr + n0;                                   \
-                for (int64_t c = 0; c < cols; c++) yr[c] = out[c] + res[c];                                \
-            } else {                                                                                       \
-                memcpy(yr, out, (size_t)cols * sizeof(float));                                             \
-            }                                                                                              \
-        }                                                                                                  \
-    }
-DEFINE_TILE(1)
-DEFINE_TILE(2)
-DEFINE_TILE(3)
-DEFINE_TILE(4)
-DEFINE_TILE(5)
-DEFINE_TILE(6)
-DEFINE_TILE(7)
-DEFINE_TILE(8)
-DEFINE_TILE(9)
-DEFINE_TILE(10)
-DEFINE_TILE(11)
-DEFINE_TILE(12)
-DEFINE_TILE(13)
-DEFINE_TILE(14)
-DEFINE_TILE(15)
-DEFINE_TILE(16)
+/* Tiles: rows s..s+MR-1 of row block b times NP consecutive panels from p, MR x NP x NV16 accumulators in
+   registers. The shape is the ISA's (simd.h): with AVX-512 (32 registers of 16 floats) two panels x up to 8 rows,
+   so each k costs 2 weight loads and 8 broadcasts for 16 FMAs (a one-panel x 16-row tile needs 17 loads for 16
+   FMAs, and a core that retires two 512-bit FMAs a cycle waits on its loads); with AVX2 (16 registers of 8
+   floats) one panel (2 vectors) x up to 4 rows, 8 registers of accumulators; with 4-float vectors one panel (4
+   vectors) x 2 rows. Either way an output element is the same FMA chain over k, so the tile shape never changes a
+   result. */
+#define TILE_PANELS (VL == 16 ? 2 : 1)
+#define TILE_ROWS (ACC_BUDGET / (TILE_PANELS * NV16))
 
-typedef void (*TileFn)(const Job *, int64_t, int64_t);
-static const TileFn TILES[17] = {0,       tile_1,  tile_2,  tile_3,  tile_4,  tile_5,  tile_6,  tile_7, tile_8,
-                                 tile_9,  tile_10, tile_11, tile_12, tile_13, tile_14, tile_15, tile_16};
+/* y[r0 + r][the panel's columns] = out[r] (+ residual), the panel's last columns cut at N */
+static void store_rows(const Job *j, const float (*out)[16], int64_t p, int64_t r0, int MR) {
+    const int64_t n0 = p * 16, cols = j->N - n0 < 16 ? j->N - n0 : 16;
+    for (int r = 0; r < MR; r++) {
+        float *yr = j->y + (r0 + r) * j->ldy + n0;
+        if (j->residual) {
+            const float *res = j->residual + (r0 + r) * j->ldr + n0;
+            for (int64_t c = 0; c < cols; c++) yr[c] = out[r][c] + res[c];
+        } else {
+            memcpy(yr, out[r], (size_t)cols * sizeof(float));
+        }
+    }
+}
+
+#define DEFINE_TILE(NP, MR)                                                                                  \
+    static void tile_##NP##_##MR(const Job *j, int64_t p, int64_t b, int64_t s) {                             \
+        const int64_t K = j->K;                                                                              \
+        const float *wp = j->packed + p * K * 16;                                                            \
+        const float *xb = j->xt + b * K * 16 + s; /* (K, 16) block: one base pointer, rows at fixed offsets */ \
+        vf acc[MR][NP * NV16];                                                                               \
+        for (int r = 0; r < MR; r++)                                                                         \
+            for (int c = 0; c < NP * NV16; c++) acc[r][c] = splat(0.0f);                                     \
+        const int fetch = b == 0 && s == 0; /* the first row tile streams the panels in; the rest hit cache */  \
+        for (int64_t k = 0; k < K; k++) {                                                                    \
+            vf w[NP * NV16];                                                                                 \
+            for (int c = 0; c < NP; c++) {                                                                   \
+                if (fetch) __builtin_prefetch(wp + c * K * 16 + (k + PREFETCH_AHEAD) * 16);                  \
+                for (int h = 0; h < NV16; h++) w[c * NV16 + h] = loadv(wp + c * K * 16 + k * 16 + h * VL);    \
+            }                                                                                                \
+            for (int r = 0; r < MR; r++)                                                                     \
+                for (int c = 0; c < NP * NV16; c++) acc[r][c] += xb[k * 16 + r] * w[c];                      \
+        }                                                                                                    \
+        for (int c = 0; c < NP; c++) {                                                                       \
+            float out[MR][16];                                                                               \
+            for (int r = 0; r < MR; r++)                                                                     \
+                for (int h = 0; h < NV16; h++) storev(out[r] + h * VL, acc[r][c * NV16 + h]);                \
+            store_rows(j, out, p + c, b * 16 + s, MR);                                                       \
+        }                                                                                                    \
+    }
+
+typedef void (*TileFn)(const Job *, int64_t, int64_t, int64_t);
+DEFINE_TILE(1, 1)
+DEFINE_TILE(1, 2)
+#if TILE_ROWS >= 4
+DEFINE_TILE(1, 3)
+DEFINE_TILE(1, 4)
+#endif
+#if TILE_ROWS >= 8
+DEFINE_TILE(1, 5)
+DEFINE_TILE(1, 6)
+DEFINE_TILE(1, 7)
+DEFINE_TILE(1, 8)
+#endif
+#if TILE_PANELS == 2
+DEFINE_TILE(2, 1)
+DEFINE_TILE(2, 2)
+DEFINE_TILE(2, 3)
+DEFINE_TILE(2, 4)
+DEFINE_TILE(2, 5)
+DEFINE_TILE(2, 6)
+DEFINE_TILE(2, 7)
+DEFINE_TILE(2, 8)
+static const TileFn FULL[9] = {0, tile_2_1, tile_2_2, tile_2_3, tile_2_4, tile_2_5, tile_2_6, tile_2_7, tile_2_8};
+#define ONE_PANEL_ROWS 8 /* a last odd panel: one-panel tiles of up to 8 rows (8 x NV16 = 8 registers) */
+#else
+#define FULL ONE_PANEL
+#define ONE_PANEL_ROWS TILE_ROWS
+#endif
+#if ONE_PANEL_ROWS == 8
+static const TileFn ONE_PANEL[9] = {0, tile_1_1, tile_1_2, tile_1_3, tile_1_4, tile_1_5, tile_1_6, tile_1_7, tile_1_8};
+#elif ONE_PANEL_ROWS == 4
+static const TileFn ONE_PANEL[5] = {0, tile_1_1, tile_1_2, tile_1_3, tile_1_4};
+#else
+static const TileFn ONE_PANEL[3] = {0, tile_1_1, tile_1_2};
+#endif
 
 static void *run(void *arg) {
     const Job *j = (const Job *)arg;
-    for (int64_t p = j->first; p < j->last; p++)
-        for (int64_t r0 = 0; r0 < j->M; r0 += 16) TILES[j->M - r0 < 16 ? j->M - r0 : 16](j, p, r0);
+    for (int64_t p = j->first, np; p < j->last; p += np) {
+        np = j->last - p >= TILE_PANELS ? TILE_PANELS : 1;
+        const TileFn *tiles = np == TILE_PANELS ? FULL : ONE_PANEL;
+        const int64_t rows = np == TILE_PANELS ? TILE_ROWS : ONE_PANEL_ROWS;
+        for (int64_t b = 0; b * 16 < j->M; b++)
+            for (int64_t s = 0; s < 16 && b * 16 + s < j->M; s += rows) {
+                const int64_t left = j->M - b * 16 - s < 16 - s ? j->M - b * 16 - s : 16 - s;
+                tiles[left < rows ? left : rows](j, p, b, s);
+            }
+    }
     return NULL;
 }
 
@@ -103,24 +150,22 @@ static void *run(void *arg) {
 static void prologue_row(const float *xr, int64_t K, int prologue, const float *pw, float eps, float *row) {
     int64_t k = 0;
     if (prologue == PROLOGUE_RMSNORM) {
-        v16 ss = {0};
-        for (; k + 16 <= K; k += 16) {
-            v16 a;
-            memcpy(&a, xr + k, 64);
-            ss += a * a;
-        }
-        float sum = 0.0f;
-        for (int l = 0; l < 16; l++) sum += ss[l];
+        vf ss[NV16] = {{0}};
+        for (; k + 16 <= K; k += 16)
+            for (int h = 0; h < NV16; h++) {
+                const vf a = loadv(xr + k + h * VL);
+                ss[h] += a * a;
+            }
+        float lanes[16], sum = 0.0f;
+        for (int h = 0; h < NV16; h++) storev(lanes + h * VL, ss[h]);
+        for (int l = 0; l < 16; l++) sum += lanes[l];
         for (; k < K; k++) sum += xr[k] * xr[k];
         const float inv = 1.0f / sqrtf(sum / (float)K + eps);
         for (k = 0; k < K; k++) row[k] = xr[k] * inv * pw[k];
     } else if (prologue == PROLOGUE_SWIGLU) {
-        for (; k + 16 <= K; k += 16) {
-            v16 g, u;
-            memcpy(&g, xr + k, 64);
-            memcpy(&u, xr + K + k, 64);
-            v16 y = g / (1.0f + exp16(-g)) * u;
-            memcpy(row + k, &y, 64);
+        for (; k + VL <= K; k += VL) {
+            const vf g = loadv(xr + k), u = loadv(xr + K + k);
+            storev(row + k, g / (1.0f + expv(-g)) * u);
         }
         for (; k < K; k++) row[k] = xr[k] / (1.0f + exp1(-xr[k])) * xr[K + k];
     } else {

@@ -17,16 +17,14 @@
    Every (token, KV head) pair is computed on its own, in one fixed order of operations whatever else is in the
    batch: a token's result is bitwise the same alone, in any batch, decoded or in a prefill chunk, on any number of
    threads. Scores sum over d in order, the softmax's max and sum run in key order, values accumulate in key order;
-   all in fp32 for both cache dtypes (fp32, bf16). exp is vexp.h's. */
+   all in fp32 for both cache dtypes (fp32, bf16). Vectors and exp are simd.h's (their width is the ISA's; the
+   tiles below fit its registers). */
 
 #include <stdint.h>
 #include <string.h>
 
-#include "vexp.h"
+#include "simd.h"
 #include "workers.h"
-
-typedef uint32_t v16u __attribute__((vector_size(64)));
-typedef uint16_t v16h __attribute__((vector_size(32)));
 
 typedef struct {
     const float *q;              /* (N, H, Dh) fp32 */
@@ -41,18 +39,9 @@ typedef struct {
     int64_t first, last;         /* this worker's (token, kv head) items */
 } Job;
 
-/* 16 consecutive cache values at element index idx, as fp32 (bf16 is the top half of an fp32). */
-static inline v16 load16(const Job *j, const void *base, int64_t idx) {
-    v16 x;
-    if (j->bf16) {
-        v16h h;
-        memcpy(&h, (const uint16_t *)base + idx, 32);
-        v16u u = __builtin_convertvector(h, v16u) << 16;
-        memcpy(&x, &u, 64);
-    } else {
-        memcpy(&x, (const float *)base + idx, 64);
-    }
-    return x;
+/* VL consecutive cache values at element index idx, as fp32 (bf16 is the top half of an fp32). */
+static inline vf loadc(const Job *j, const void *base, int64_t idx) {
+    return j->bf16 ? load_bf16((const uint16_t *)base + idx) : loadv((const float *)base + idx);
 }
 
 static inline void prefetch(const void *base, int64_t idx, int64_t n, int64_t esz) {
@@ -63,77 +52,80 @@ static inline void prefetch(const void *base, int64_t idx, int64_t n, int64_t es
 /* exp(x - max) for x <= max, in place over n values; returns their sum (in index order). */
 static float exp_sum(float *x, int64_t n, float max) {
     int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        v16 y;
-        memcpy(&y, x + i, 64);
-        y = exp16(y - max);
-        memcpy(x + i, &y, 64);
-    }
+    for (; i + VL <= n; i += VL) storev(x + i, expv(loadv(x + i) - max));
     for (; i < n; i++) x[i] = exp1(x[i] - max);
     float s = 0.0f;
     for (i = 0; i < n; i++) s += x[i];
     return s;
 }
 
-/* Scores of query heads g0..g0+ng-1 (ng <= 4) against the 16 keys of one chunk: s[g * stride + 0..15]. */
+/* query heads scored together against a chunk of 16 keys: SG x NV16 accumulators */
+#define SG (ACC_BUDGET / NV16 < 4 ? ACC_BUDGET / NV16 : 4)
+
+/* Scores of query heads g0..g0+ng-1 (ng <= SG) against the 16 keys of one chunk: s[g * stride + 0..15]. */
 static inline void scores16(const Job *j, const float *qs, int64_t g0, int64_t ng, int64_t kidx, float *s,
                             int64_t stride) {
     const int64_t Dh = j->Dh, bs = j->bs;
-    v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
-    const float *q0 = qs + g0 * Dh, *q1 = q0 + Dh, *q2 = q1 + Dh, *q3 = q2 + Dh;
-    for (int64_t d = 0; d < Dh; d++) {
-        const v16 k = load16(j, j->k, kidx + d * bs);
-        a0 += q0[d] * k;
-        if (ng > 1) a1 += q1[d] * k;
-        if (ng > 2) a2 += q2[d] * k;
-        if (ng > 3) a3 += q3[d] * k;
-    }
-    memcpy(s + (g0 + 0) * stride, &a0, 64);
-    if (ng > 1) memcpy(s + (g0 + 1) * stride, &a1, 64);
-    if (ng > 2) memcpy(s + (g0 + 2) * stride, &a2, 64);
-    if (ng > 3) memcpy(s + (g0 + 3) * stride, &a3, 64);
+    vf a[SG][NV16];
+    for (int g = 0; g < SG; g++)
+        for (int h = 0; h < NV16; h++) a[g][h] = splat(0.0f);
+    const float *q0 = qs + g0 * Dh;
+    for (int64_t d = 0; d < Dh; d++)
+        for (int h = 0; h < NV16; h++) {
+            const vf k = loadc(j, j->k, kidx + d * bs + h * VL);
+            for (int g = 0; g < SG; g++)
+                if (g < ng) a[g][h] += q0[g * Dh + d] * k;
+        }
+    for (int g = 0; g < SG && g < ng; g++)
+        for (int h = 0; h < NV16; h++) storev(s + (g0 + g) * stride + h * VL, a[g][h]);
 }
 
-/* acc[g][.] = sum over the item's valid keys of w[g][key] * V[key][col .. col + 16 * DH16) for query heads
-   g0..g0+min(GB, ng)-1, with the accumulators held in registers (GB x DH16 vectors), then written to out scaled by
-   1 / sums[g]. */
-#define DEFINE_PV(GB, DH16)                                                                                      \
-    static void pv_##GB##_##DH16(const Job *j, const int64_t *table, int64_t h, int64_t lo, int64_t n,           \
-                                 const float *w, int64_t stride, int64_t g0, int64_t ng, const float *sums,      \
-                                 float *outp, int64_t col) {                                                     \
+/* query heads per PV sweep of a CV-vector column slice: GB x CV accumulators within the budget */
+#define PV_GB(CV) (ACC_BUDGET / (CV) < 4 ? ACC_BUDGET / (CV) : 4)
+
+/* acc[g][.] = sum over the item's valid keys of w[g][key] * V[key][col .. col + CV * VL) for query heads
+   g0..g0+min(GB, ng)-1, with the accumulators held in registers, then written to out scaled by 1 / sums[g]. */
+#define DEFINE_PV(CV)                                                                                            \
+    static void pv_##CV(const Job *j, const int64_t *table, int64_t h, int64_t lo, int64_t n, const float *w,    \
+                        int64_t stride, int64_t g0, int64_t ng, const float *sums, float *outp, int64_t col) {   \
+        enum { GB = PV_GB(CV) };                                                                                 \
         const int64_t bs = j->bs, Dh = j->Dh, esz = j->bf16 ? 2 : 4;                                             \
-        v16 acc[GB][DH16];                                                                                       \
-        memset(acc, 0, sizeof(acc));                                                                             \
+        vf acc[GB][CV];                                                                                          \
+        for (int g = 0; g < GB; g++)                                                                             \
+            for (int c = 0; c < CV; c++) acc[g][c] = splat(0.0f);                                                \
         int64_t i = 0, blk = lo / bs, off = lo % bs;                                                             \
         const int64_t last_blk = (lo + n - 1) / bs;                                                              \
         while (i < n) {                                                                                          \
             const int64_t base = (table[blk] * j->KVH + h) * bs * Dh;                                            \
             if (blk < last_blk) prefetch(j->v, (table[blk + 1] * j->KVH + h) * bs * Dh, bs * Dh, esz);            \
             for (; off < bs && i < n; off++, i++) {                                                              \
-                v16 vr[DH16];                                                                                    \
-                for (int c = 0; c < DH16; c++) vr[c] = load16(j, j->v, base + off * Dh + col + c * 16);          \
-                for (int g = 0; g < GB; g++) {                                                                   \
+                vf vr[CV];                                                                                       \
+                for (int c = 0; c < CV; c++) vr[c] = loadc(j, j->v, base + off * Dh + col + c * VL);             \
+                for (int g = 0; g < GB; g++)                                                                     \
                     if (g < ng) {                                                                                \
                         const float wg = w[(g0 + g) * stride + i];                                               \
-                        for (int c = 0; c < DH16; c++) acc[g][c] += wg * vr[c];                                  \
+                        for (int c = 0; c < CV; c++) acc[g][c] += wg * vr[c];                                    \
                     }                                                                                            \
-                }                                                                                                \
             }                                                                                                    \
             blk++;                                                                                               \
             off = 0;                                                                                             \
         }                                                                                                        \
         for (int g = 0; g < GB && g < ng; g++) {                                                                 \
             const float inv = 1.0f / sums[g0 + g];                                                               \
-            for (int c = 0; c < DH16; c++) {                                                                     \
-                v16 o = acc[g][c] * inv;                                                                         \
-                memcpy(outp + (g0 + g) * Dh + col + c * 16, &o, 64);                                             \
-            }                                                                                                    \
+            for (int c = 0; c < CV; c++) storev(outp + (g0 + g) * Dh + col + c * VL, acc[g][c] * inv);            \
         }                                                                                                        \
     }
-DEFINE_PV(4, 1)
-DEFINE_PV(4, 2)
-DEFINE_PV(4, 4)
-DEFINE_PV(2, 8)
+DEFINE_PV(1)
+DEFINE_PV(2)
+DEFINE_PV(4)
+DEFINE_PV(8)
+
+/* the widest column slice (vectors) the budget allows for rows of nv vectors */
+static int slice_vectors(int64_t nv) {
+    int cv = 8;
+    while (cv > 1 && (cv > nv || cv > ACC_BUDGET)) cv /= 2;
+    return cv;
+}
 
 static void attend(const Job *j, int64_t t, int64_t h, float *scratch) {
     const int64_t G = j->H / j->KVH, Dh = j->Dh, bs = j->bs, esz = j->bf16 ? 2 : 4;
@@ -158,7 +150,7 @@ static void attend(const Job *j, int64_t t, int64_t h, float *scratch) {
         const int64_t kidx = (blk * j->KVH + h) * Dh * bs + key % bs;
         if (key % bs == 0 && key + bs <= pos)  /* entering a block with another after it: fetch that one */
             prefetch(j->k, (table[key / bs + 1] * j->KVH + h) * Dh * bs, Dh * bs, esz);
-        for (int64_t g0 = 0; g0 < G; g0 += 4) scores16(j, qs, g0, G - g0 < 4 ? G - g0 : 4, kidx, s + c * 16, stride);
+        for (int64_t g0 = 0; g0 < G; g0 += SG) scores16(j, qs, g0, G - g0 < SG ? G - g0 : SG, kidx, s + c * 16, stride);
     }
     const int64_t skip = lo - c0 * 16;  /* keys of the first chunk before lo (the last chunk's past pos are unused) */
     for (int64_t g = 0; g < G; g++) {
@@ -168,16 +160,19 @@ static void attend(const Job *j, int64_t t, int64_t h, float *scratch) {
         sums[g] = exp_sum(sg, n, m);
     }
     const float *w = s + skip;
-    /* head dims 32, 64, 128 in one sweep per group of heads; others in 64- and 16-column slices */
-    const int64_t DH16 = Dh / 16;
-    for (int64_t g0 = 0; g0 < G; g0 += DH16 == 8 ? 2 : 4) {
-        if (DH16 == 2) pv_4_2(j, table, h, lo, n, w, stride, g0, G - g0, sums, outp, 0);
-        else if (DH16 == 8) pv_2_8(j, table, h, lo, n, w, stride, g0, G - g0, sums, outp, 0);
-        else {
-            int64_t col = 0;
-            for (; col + 64 <= Dh; col += 64) pv_4_4(j, table, h, lo, n, w, stride, g0, G - g0, sums, outp, col);
-            for (; col < Dh; col += 16) pv_4_1(j, table, h, lo, n, w, stride, g0, G - g0, sums, outp, col);
+    /* V in column slices of cv vectors (the whole head row where the budget allows), the rest one vector a time */
+    const int cv = slice_vectors(Dh / VL);
+    for (int64_t col = 0; col < Dh;) {
+        const int step = col + cv * VL <= Dh ? cv : 1;
+        for (int64_t g0 = 0; g0 < G; g0 += PV_GB(step)) {
+            switch (step) { /* direct calls, so each sweep is inlined with its constants */
+            case 8: pv_8(j, table, h, lo, n, w, stride, g0, G - g0, sums, outp, col); break;
+            case 4: pv_4(j, table, h, lo, n, w, stride, g0, G - g0, sums, outp, col); break;
+            case 2: pv_2(j, table, h, lo, n, w, stride, g0, G - g0, sums, outp, col); break;
+            default: pv_1(j, table, h, lo, n, w, stride, g0, G - g0, sums, outp, col);
+            }
         }
+        col += step * VL;
     }
 }
 

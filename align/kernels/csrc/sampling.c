@@ -8,43 +8,32 @@
    log_softmax, which write a (R, V) result and read the logits four times. align_softmax_weights: the sampled rows'
    exp(x - max) weights, written once, with their fp32 sums per `chunk` tokens (16 lanes folded pairwise, the tail
    in order) and logsumexp from those sums in float64: the inputs of sampler.inverse_cdf.
-   exp is vexp.h's. */
+   Vectors and exp are simd.h's. */
 
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
 
-#include "vexp.h"
-
-static inline float fold16(v16 acc) {
-    float s8[8], s4[4];
-    for (int i = 0; i < 8; i++) s8[i] = acc[i] + acc[i + 8];
-    for (int i = 0; i < 4; i++) s4[i] = s8[i] + s8[i + 4];
-    return (s4[0] + s4[2]) + (s4[1] + s4[3]);
-}
+#include "simd.h"
 
 static float row_max(const float *x, int64_t V, int64_t *first) {
     float m = -INFINITY;
     int64_t v = 0;
-    if (V >= 16) {
-        v16 acc;
-        memcpy(&acc, x, 64);
-        for (v = 16; v + 16 <= V; v += 16) {
-            v16 y;
-            memcpy(&y, x + v, 64);
-            acc = select16(y > acc, y, acc);
+    if (V >= VL) { /* the maximum is exact in any order: lane-wise maxima, then over the lanes */
+        vf acc = loadv(x);
+        for (v = VL; v + VL <= V; v += VL) {
+            const vf y = loadv(x + v);
+            acc = selectv(y > acc, y, acc);
         }
-        for (int i = 0; i < 16; i++) m = acc[i] > m ? acc[i] : m;
+        for (int i = 0; i < VL; i++) m = acc[i] > m ? acc[i] : m;
     }
     for (; v < V; v++) m = x[v] > m ? x[v] : m;
     if (first) {
         int64_t i = 0;
-        for (; i + 16 <= V; i += 16) { /* skip whole vectors without the maximum */
-            v16 y;
-            memcpy(&y, x + i, 64);
-            v16i hit = y == m;
+        for (; i + VL <= V; i += VL) { /* skip whole vectors without the maximum */
+            const vi hit = loadv(x + i) == m;
             int any = 0;
-            for (int l = 0; l < 16; l++) any |= hit[l];
+            for (int l = 0; l < VL; l++) any |= hit[l];
             if (any) break;
         }
         while (i < V && !(x[i] == m)) i++;
@@ -55,13 +44,10 @@ static float row_max(const float *x, int64_t V, int64_t *first) {
 
 /* sum of exp(x - m) over the row: 16 lanes, then folded; the tail in order */
 static float row_exp_sum(const float *x, int64_t V, float m) {
-    v16 acc = {0};
+    vf acc[NV16] = {{0}};
     int64_t v = 0;
-    for (; v + 16 <= V; v += 16) {
-        v16 y;
-        memcpy(&y, x + v, 64);
-        acc += exp16(y - m);
-    }
+    for (; v + 16 <= V; v += 16)
+        for (int h = 0; h < NV16; h++) acc[h] += expv(loadv(x + v + h * VL) - m);
     float s = fold16(acc);
     for (; v < V; v++) s += exp1(x[v] - m);
     return s;
@@ -90,15 +76,14 @@ void align_softmax_weights(const float *x, int64_t R, int64_t V, int64_t ld, int
         for (int64_t c = 0; c < nc; c++) {
             const int64_t end = (c + 1) * chunk < V ? (c + 1) * chunk : V;
             int64_t v = c * chunk;
-            v16 acc = {0};
-            for (; v + 16 <= end; v += 16) {
-                v16 y;
-                memcpy(&y, row + v, 64);
-                y = exp16(y - m);
-                y = select16(y < 1e-37f, (v16){0}, y); /* a masked (-inf) logit: weight exactly 0, never sampled */
-                memcpy(wr + v, &y, 64);
-                acc += y;
-            }
+            vf acc[NV16] = {{0}};
+            for (; v + 16 <= end; v += 16)
+                for (int h = 0; h < NV16; h++) {
+                    vf y = expv(loadv(row + v + h * VL) - m);
+                    y = selectv(y < 1e-37f, splat(0.0f), y); /* a masked (-inf) logit: weight 0, never sampled */
+                    storev(wr + v + h * VL, y);
+                    acc[h] += y;
+                }
             float s = fold16(acc);
             for (; v < end; v++) {
                 const float e = exp1(row[v] - m);

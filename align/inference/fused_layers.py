@@ -23,6 +23,8 @@ it can run, else "torch"):
   to back with a software prefetch and multiplied into up to 16 rows held in registers: cold weights (the head
   streams the caches clean every step) are read near the core's bandwidth, where oneDNN's small-M kernels reach a
   fraction of it (bench/linear_kernels.py); on par with oneDNN at 128 rows. "auto" picks it for fp32 on a CPU.
+  Its prologues take the elementwise steps before a product into the copy of x it makes anyway: the RMSNorms
+  before q/k/v and gate/up (`normed_linear`), silu(gate) * up before down; no pass over memory, no temporary.
 Which row counts round a row as any larger batch does is measured per kernel on the host (row_invariance.py,
 `agreeing_row_counts`); the runner pads each step's rows to such a count.
 

@@ -20,7 +20,7 @@ it can run, else "torch"):
   tokens of the kernel they were accepted with. It costs one extra copy of the weights, repacked after a weight
   update (43 ms for the tiny profile in fp32).
 - "native": align/kernels/csrc/linear.c (fp32, CPU) on weights packed once into 16-column panels, each read front
-  to back with a software prefetch and multiplied into up to 16 rows held in registers: cold weights (the head
+  to back with a software prefetch and multiplied into tiles of rows held in registers: cold weights (the head
   streams the caches clean every step) are read near the core's bandwidth, where oneDNN's small-M kernels reach a
   fraction of it (bench/linear_kernels.py); on par with oneDNN at 128 rows. "auto" picks it for fp32 on a CPU.
   Its prologues take the elementwise steps before a product into the copy of x it makes anyway: the RMSNorms

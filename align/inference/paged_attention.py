@@ -244,7 +244,8 @@ class NativeAttention:
         kvh, dh, bs = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
         assert qkv.dtype == torch.float32 and qkv.stride(1) == 1 and qkv.shape[1] == (heads + 2 * kvh) * dh
         assert cos.shape == sin.shape == (n, dh) and cos.dtype == sin.dtype == torch.float32
-        assert cos.is_contiguous() and sin.is_contiguous() and slots.shape == (n,) and dh <= 1024
+        assert cos.is_contiguous() and sin.is_contiguous() and dh <= 1024
+        assert slots.shape == (n,) and slots.dtype == torch.int64 and slots.is_contiguous()
         assert k_cache.is_contiguous() and v_cache.is_contiguous() and k_cache.dtype in _NATIVE_DTYPES
         q = torch.empty((n, heads, dh), dtype=torch.float32)
         self.lib.align_rope_write_kv(qkv.data_ptr(), qkv.stride(0), n, heads, kvh, dh, cos.data_ptr(),

@@ -13,7 +13,9 @@ import torch
 
 from align.eval.golden import accept
 from align.exit_codes import run_with_exit_codes
+from align.inference import EngineConfig
 from align.inference.fused_layers import resolve_linear_kernel
+from align.inference.paged_attention import resolve_cpu_kernels
 from align.stages import golden_eval
 from align.model.checkpoint import checkpoint_content_hash
 from align.utils.manifest import read_manifest
@@ -85,7 +87,10 @@ def test_metrics_outputs_and_golden_regression(project):
     assert len(m["eval_set_hash"]) == 64 and m["eval_set_hash"] != m["sampled_set_hash"]
     assert m["roundtrip"]["forward_equal"] and m["golden"]["status"] == "no_anchor"
     assert m["engine_linear_kernel"] == resolve_linear_kernel("auto", torch.ones(1))  # fp32 CPU weights, "auto"
-    assert m["engine_cpu_kernels"] in ("native", "torch")  # "auto": native where a C compiler builds it
+    cfg = json.loads((ckpt / "config.json").read_text())  # "auto": native where its shapes fit and it builds
+    assert m["engine_cpu_kernels"] == resolve_cpu_kernels(
+        "auto", torch.device("cpu"), torch.float32, cfg["num_attention_heads"], cfg["num_key_value_heads"],
+        cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"], EngineConfig().block_size)
     out = project / "runs/smoke/golden_eval/sft/out"
     manifest = read_manifest(out, kind="golden_eval", verify_hashes=True)
     assert set(manifest["files"]) == {"samples.jsonl", "golden.json"}

@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from align.inference.config import LINEAR_KERNELS
-from align.inference.row_invariance import REFERENCE_ROWS, agreeing_counts, chunked
+from align.inference.row_invariance import PROBE_ROWS, REFERENCE_ROWS, agreeing_counts, chunked
 from align.kernels import linear as native_linear
 from align.kernels import native
 from align.model.layers import apply_rope
@@ -215,9 +215,15 @@ class FusedDecoder:
             return chunked(lambda c, r: native_linear.linear(c, wd, residual=r, swiglu=True), gu, hidden)
         return self.linear_add(F.silu(gu[:, :self.ffn]) * gu[:, self.ffn:], self.fused[i].wdown, hidden)
 
-    def agreeing_row_counts(self) -> tuple[int, ...]:
+    def agreeing_row_counts(self, measure: bool = False) -> tuple[int, ...]:
         """Row counts at which every projection and the head round each row as a large batch does (measured on
-        this host for these weight shapes, this kernel, dtype and thread count; see row_invariance.py)."""
+        this host for these weight shapes, this kernel, dtype and thread count; see row_invariance.py).
+
+        The native kernel is not measured unless asked (`measure`): each of its outputs is one FMA chain over k
+        whatever the rows beside it (csrc/linear.c), so every count agrees, and the probe would cost the engine
+        0.2-0.4 s at start (tiny / small shapes, one thread). tests/inference checks the probe agrees with that."""
+        if self.kernel == "native" and not measure:
+            return PROBE_ROWS
         w = self.lm_head.weight
         V, D = w.shape
         products = [("head", lambda x, wt: self._head_product(x, wt, torch.empty(x.shape[0], V, device=x.device)),

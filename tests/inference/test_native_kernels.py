@@ -14,8 +14,10 @@ import torch
 
 from align.inference import Engine, EngineConfig, GenerationRequest, SamplingParams
 from align.inference import sampler
+from align.inference.fused_layers import FusedDecoder
 from align.inference.paged_attention import (NativeAttention, build_native_plan, native_cache_shapes,
                                              native_write_kv, resolve_cpu_kernels)
+from align.inference.row_invariance import PROBE_ROWS
 from align.kernels import linear as native_linear
 from align.kernels import native
 from align.model.layers import apply_rope, rope_cos_sin
@@ -263,6 +265,14 @@ def test_rope_write_kv_is_apply_rope_and_the_kv_write_bitwise(dtype):
     q = NativeAttention().rope_write_kv(qkv, cos, sin, got_k, got_v, slots, heads)
     assert torch.equal(q, qk[:, :heads])
     assert torch.equal(got_k, want_k) and torch.equal(got_v, want_v)
+
+
+@needs_native
+def test_the_row_probe_finds_every_count_agreeing_on_the_native_kernel():
+    """What FusedDecoder assumes instead of probing the native kernel at engine start."""
+    decoder = FusedDecoder(small_model(), "native")
+    assert decoder.agreeing_row_counts() == PROBE_ROWS
+    assert decoder.agreeing_row_counts(measure=True) == PROBE_ROWS
 
 
 @needs_native

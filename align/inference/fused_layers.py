@@ -26,7 +26,8 @@ it can run, else "torch"):
   Its prologues take the elementwise steps before a product into the copy of x it makes anyway: the RMSNorms
   before q/k/v and gate/up (`normed_linear`), silu(gate) * up before down; no pass over memory, no temporary.
 Which row counts round a row as any larger batch does is measured per kernel on the host (row_invariance.py,
-`agreeing_row_counts`); the runner pads each step's rows to such a count.
+`agreeing_row_counts`); the runner pads each step's rows to such a count. The native kernel needs no padding: each
+of its outputs is one FMA chain over k whatever the rows beside it (`row_invariant`).
 
 The fused and packed tensors are copies, so they must follow the model's weights. Every in-place write to a tensor
 bumps its version counter; `refresh()` compares the counters (and storage pointers) of the source parameters with
@@ -41,7 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from align.inference.config import LINEAR_KERNELS
-from align.inference.row_invariance import PROBE_ROWS, REFERENCE_ROWS, agreeing_counts, chunked
+from align.inference.row_invariance import REFERENCE_ROWS, agreeing_counts, chunked
 from align.kernels import linear as native_linear
 from align.kernels import native
 from align.model.layers import apply_rope
@@ -130,6 +131,11 @@ class FusedDecoder:
         self.head_stamp: tuple | None = None
         self.refresh()
 
+    @property
+    def row_invariant(self) -> bool:
+        """Whether every row count rounds a row the same (by construction: the native kernel; a test probes it)."""
+        return self.kernel == "native"
+
     def _prepare(self, w: torch.Tensor):
         if self.kernel == "onednn":
             return onednn_pack(w)
@@ -215,15 +221,9 @@ class FusedDecoder:
             return chunked(lambda c, r: native_linear.linear(c, wd, residual=r, swiglu=True), gu, hidden)
         return self.linear_add(F.silu(gu[:, :self.ffn]) * gu[:, self.ffn:], self.fused[i].wdown, hidden)
 
-    def agreeing_row_counts(self, measure: bool = False) -> tuple[int, ...]:
+    def agreeing_row_counts(self) -> tuple[int, ...]:
         """Row counts at which every projection and the head round each row as a large batch does (measured on
-        this host for these weight shapes, this kernel, dtype and thread count; see row_invariance.py).
-
-        The native kernel is not measured unless asked (`measure`): each of its outputs is one FMA chain over k
-        whatever the rows beside it (csrc/linear.c), so every count agrees, and the probe would cost the engine
-        0.2-0.4 s at start (tiny / small shapes, one thread). tests/inference checks the probe agrees with that."""
-        if self.kernel == "native" and not measure:
-            return PROBE_ROWS
+        this host for these weight shapes, this kernel, dtype and thread count; see row_invariance.py)."""
         w = self.lm_head.weight
         V, D = w.shape
         products = [("head", lambda x, wt: self._head_product(x, wt, torch.empty(x.shape[0], V, device=x.device)),

@@ -78,8 +78,9 @@ class ModelRunner:
 
     def pad_rows(self, m: int) -> int:
         """The row count a step's m rows are padded to so every row rounds as in any larger batch (m itself without
-        batch_invariant). Measured per thread count (row_invariance.py): the kernels torch picks depend on it."""
-        if not self.batch_invariant:
+        batch_invariant, or on a row-invariant kernel). Measured per thread count (row_invariance.py): the kernels
+        torch picks depend on it."""
+        if not self.batch_invariant or self.decoder.row_invariant:
             return m
         threads = torch.get_num_threads()
         if threads not in self._pads:

@@ -269,10 +269,12 @@ def test_rope_write_kv_is_apply_rope_and_the_kv_write_bitwise(dtype):
 
 @needs_native
 def test_the_row_probe_finds_every_count_agreeing_on_the_native_kernel():
-    """What FusedDecoder assumes instead of probing the native kernel at engine start."""
-    decoder = FusedDecoder(small_model(), "native")
-    assert decoder.agreeing_row_counts() == PROBE_ROWS
-    assert decoder.agreeing_row_counts(measure=True) == PROBE_ROWS
+    """What the runner assumes instead of probing and padding on the native kernel (pad_rows(m) == m)."""
+    model = small_model()
+    decoder = FusedDecoder(model, "native")
+    assert decoder.row_invariant and decoder.agreeing_row_counts() == PROBE_ROWS
+    runner = Engine(model, EngineConfig(num_blocks=4, linear_kernel="native")).runner
+    assert [runner.pad_rows(m) for m in (1, 33, 77, 130)] == [1, 33, 77, 130]
 
 
 @needs_native

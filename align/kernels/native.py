@@ -82,8 +82,9 @@ def _build(name: str) -> Path:
     source = CSRC / f"{name}.c"
     cc = _compiler()
     sources = [f"{p.name}\n{p.read_text()}" for p in sorted(CSRC.iterdir()) if p.suffix in (".c", ".h")]
-    digest = hashlib.sha256(  # every source and header: an edited vexp.h rebuilds the kernels that include it
-        "\0".join([*sources, " ".join(flags()), _toolchain(cc)]).encode()).hexdigest()[:16]
+    build_flags = flags()
+    digest = hashlib.sha256(  # every source and header: an edited simd.h rebuilds the kernels that include it
+        "\0".join([*sources, " ".join(build_flags), _toolchain(cc)]).encode()).hexdigest()[:16]
     out_dir = _cache_dir()
     target = out_dir / f"{name}-{digest}.so"
     if target.exists():
@@ -92,7 +93,7 @@ def _build(name: str) -> Path:
     fd, tmp = tempfile.mkstemp(prefix=f".{name}-", suffix=".so", dir=out_dir)
     os.close(fd)
     try:
-        done = subprocess.run([cc, *flags(), "-o", tmp, str(source), "-lm"], capture_output=True, text=True)
+        done = subprocess.run([cc, *build_flags, "-o", tmp, str(source), "-lm"], capture_output=True, text=True)
         if done.returncode != 0:
             raise NativeUnavailable(f"{cc} failed to build {source} (exit {done.returncode}):\n{done.stderr[-2000:]}")
         os.replace(tmp, target)  # atomic: a concurrent builder publishes the same bytes under the same name

@@ -37,10 +37,10 @@ void align_linear_pack(const float *w, int64_t N, int64_t K, float *packed) {
 }
 
 typedef struct {
-    const float *x, *packed, *residual;
+    const float *packed, *residual;
     const float *xt; /* x as row blocks of 16 transposed: block b is (K, 16), rows b*16.. (the last block padded) */
     float *y;
-    int64_t M, K, N, ldx, ldy, ldr, first, last; /* this worker's panels */
+    int64_t M, K, N, ldy, ldr, first, last; /* this worker's panels */
 } Job;
 
 #define PREFETCH_AHEAD 64 /* k steps (4 KB of panel) */
@@ -200,7 +200,7 @@ int align_linear(const float *x, int64_t M, int64_t K, int64_t ldx, const float 
     threads = align_workers(threads, panels);
     Job jobs[ALIGN_MAX_WORKERS];
     for (int64_t w = 0; w < threads; w++) {
-        Job j = {x, packed, residual, xt, y, M, K, N, ldx, ldy, ldr, panels * w / threads, panels * (w + 1) / threads};
+        Job j = {packed, residual, xt, y, M, K, N, ldy, ldr, panels * w / threads, panels * (w + 1) / threads};
         jobs[w] = j;
     }
     const int rc = align_run_workers(run, jobs, sizeof(Job), threads);

@@ -1,14 +1,17 @@
-"""Parquet in, validated and de-duplicated records out: the `ingest:<source>` stage's library half.
+"""Parquet or JSONL in, validated and de-duplicated records out: the `ingest:<source>` stage's library half.
 
-The input is streamed one batch of a row group at a time (`ParquetFile.iter_batches`), so a file larger than memory
-works; only the set of content hashes (32 bytes a row) is held. Output: `records.parquet` in the normalised layout
-of the source's kind (`schema.NORMALISED`) and `manifest.json` (kind "records") with row counts, the rejected rows
-and their reasons, and the input file's sha256. Everything is written into a staging directory and published by
-rename: a failure leaves no output that looks finished.
+A source is a local file (`path`) or an HTTP(S) URL (`url`, align.data.hub: resumable, range requests for parquet).
+The input is streamed (parquet one batch of a row group at a time, JSONL one line at a time, align.data.readers),
+so a file larger than memory works; only the set of content hashes (32 bytes a row) is held. Output:
+`records.parquet` in the normalised layout of the source's kind (`schema.NORMALISED`) and `manifest.json` (kind
+"records") with row counts, the rejected rows and their reasons, and the input's content sha256 (under its path or
+URL; `sha256 = ...` in the source pins it: a different file fails the source). Everything is written into a staging
+directory and published by rename: a failure leaves no output that looks finished.
 
-Bad input: a missing, non-parquet or truncated file, a missing or mistyped column, and an empty dataset each raise
-`DataError` naming the file (and the column). A row that violates the schema is a counted rejection naming its row
-and column; more than `max_reject_fraction` of the rows rejected fails the source."""
+Bad input: a missing, non-parquet or truncated file, an HTTP error (named with its URL and status), a missing or
+mistyped column, and an empty dataset each raise `DataError` naming the file (and the column). A row that violates
+the schema is a counted rejection naming its row and column; more than `max_reject_fraction` of the rows rejected
+fails the source."""
 
 from __future__ import annotations
 
@@ -20,10 +23,12 @@ from typing import Iterator, Literal
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from align.data.hub import HttpConfig, is_url
+from align.data.readers import JsonlRows, ParquetRows, open_rows
 from align.data.schema import NORMALISED, RowError, content_hash, to_row, validate
 from align.data.sources import FORMATS, make_record, type_name, type_ok
 from align.exceptions import DataError
-from align.utils.fsio import publish_dir, sha256_file, staging_dir
+from align.utils.fsio import publish_dir, staging_dir
 from align.utils.manifest import write_manifest
 
 RECORDS = "records.parquet"
@@ -35,11 +40,15 @@ WRITE_OPTIONS = dict(compression="zstd", compression_level=3, use_dictionary=Tru
 
 @dataclass(frozen=True)
 class SourceConfig:
-    """One parquet source and how its columns map to a record kind (see align.data.sources for the formats)."""
+    """One source file and how its columns map to a record kind (see align.data.sources for the formats)."""
 
-    path: str
     kind: Literal["sft", "pairs", "prompts"]
     format: Literal["messages", "prompt_response", "gsm8k", "math", "argilla", "pair_columns", "prompt_answer"]
+    path: str = ""  # a local file, relative to the project root; exactly one of path and url
+    url: str = ""  # an http(s) URL (e.g. a hub's .../resolve/main/data/train.parquet)
+    file_type: Literal["auto", "parquet", "jsonl"] = "auto"  # auto: from the name's suffix
+    sha256: str = ""  # the input's expected content hash; "" : not pinned (the manifest records it either way)
+    http: HttpConfig = field(default_factory=HttpConfig)  # how a url is fetched
     columns: dict[str, str] = field(default_factory=dict)  # logical name -> column name in the file
     id_column: str | None = None  # None: ids are `<source>-<row>`
     group_column: str | None = None  # a stratum (difficulty level, subject); any type, stored as text
@@ -48,6 +57,10 @@ class SourceConfig:
     max_rows: int | None = None  # read only the first max_rows rows (a smoke profile's cut)
 
     def __post_init__(self):
+        if bool(self.path) == bool(self.url):
+            raise ValueError("a source needs exactly one of path (a local file) and url (http or https)")
+        if self.url and not is_url(self.url):
+            raise ValueError(f"url must start with http:// or https://, got {self.url!r}")
         if self.kind not in FORMATS[self.format].kinds:
             raise ValueError(f"format {self.format!r} makes {' or '.join(FORMATS[self.format].kinds)} records, "
                              f"not {self.kind!r}")
@@ -59,6 +72,11 @@ class SourceConfig:
             raise ValueError("batch_rows and max_rows must be >= 1")
         if not 0.0 <= self.max_reject_fraction <= 1.0:
             raise ValueError(f"max_reject_fraction must be in [0, 1], got {self.max_reject_fraction}")
+
+    @property
+    def location(self) -> str:
+        """The path or URL as configured: the manifest's `inputs` key."""
+        return self.url or self.path
 
 
 @dataclass
@@ -75,59 +93,43 @@ class IngestStats:
             self.rejections.append({"row": row, "column": column, "reason": reason})
 
 
-def open_parquet(path: Path) -> pq.ParquetFile:
-    if not path.is_file():
-        raise DataError(f"{path}: file not found")
-    try:
-        return pq.ParquetFile(path)
-    except (pa.ArrowInvalid, pa.ArrowException, OSError) as exc:
-        raise DataError(f"{path}: not a readable parquet file ({exc})") from None
-
-
-def column_plan(src: SourceConfig, schema: pa.Schema, path: Path) -> dict[str, str]:
-    """Map logical names (plus `_id`, `_group`) to file columns, checking presence and type."""
+def column_plan(src: SourceConfig, reader: ParquetRows | JsonlRows) -> dict[str, str]:
+    """Map logical names (plus `_id`, `_group`) to file columns, checking presence and (parquet) type. A JSONL
+    file's columns are its first row's keys; its values are typed row by row (align.data.sources)."""
     plan = {logical: src.columns.get(logical, logical) for logical in FORMATS[src.format].columns}
-    names = schema.names
+    names = reader.names()
     for logical, column in plan.items():
         if column not in names:
-            raise DataError(f"{path}: missing column {column!r} (format {src.format!r} needs it as {logical!r}); "
-                            f"columns present: {', '.join(names)}")
+            raise DataError(f"{reader.label}: missing column {column!r} (format {src.format!r} needs it as "
+                            f"{logical!r}); columns present: {', '.join(names) or '(none: no readable first row)'}")
         expected = FORMATS[src.format].columns[logical]
-        actual = schema.field(column).type
-        if not type_ok(actual, expected):
-            raise DataError(f"{path}: column {column!r} has type {actual}, expected {type_name(expected)}")
+        actual = reader.type_of(column)
+        if actual is not None and not type_ok(actual, expected):
+            raise DataError(f"{reader.label}: column {column!r} has type {actual}, expected {type_name(expected)}")
     for key, column in (("_id", src.id_column), ("_group", src.group_column)):
         if column is not None:
             if column not in names:
-                raise DataError(f"{path}: missing column {column!r} (configured as {key[1:]}_column)")
+                raise DataError(f"{reader.label}: missing column {column!r} (configured as {key[1:]}_column)")
             plan[key] = column
     return plan
 
 
-def iter_rows(pf: pq.ParquetFile, plan: dict[str, str], path: Path, batch_rows: int) -> Iterator[dict]:
-    """Rows as dicts keyed by logical name, streamed one row group batch at a time."""
+def iter_rows(reader: ParquetRows | JsonlRows, plan: dict[str, str], batch_rows: int) -> Iterator[dict | RowError]:
+    """Rows as dicts keyed by logical name (or a `RowError` for an unreadable row), streamed."""
     columns = sorted(set(plan.values()))
-    inverse = [(logical, column) for logical, column in plan.items()]
-    for group in range(pf.num_row_groups):
-        try:
-            batches = pf.iter_batches(batch_size=batch_rows, row_groups=[group], columns=columns)
-            for batch in batches:
-                data = batch.to_pydict()
-                for i in range(batch.num_rows):
-                    yield {logical: data[column][i] for logical, column in inverse}
-        except (pa.ArrowException, OSError) as exc:
-            raise DataError(f"{path}: row group {group} is unreadable (truncated or corrupt file?): {exc}") from None
+    for row in reader.rows(columns, batch_rows):
+        yield row if isinstance(row, RowError) else {logical: row[column] for logical, column in plan.items()}
 
 
-def _reject_ceiling(stats: IngestStats, src: SourceConfig, path: Path) -> None:
+def _reject_ceiling(stats: IngestStats, src: SourceConfig, label: str) -> None:
     if stats.rows_in == 0:
-        raise DataError(f"{path}: the dataset is empty (0 rows)")
+        raise DataError(f"{label}: the dataset is empty (0 rows)")
     if stats.rejected / stats.rows_in > src.max_reject_fraction:
         first = "; ".join(f"row {r['row']}, column {r['column']!r}: {r['reason']}" for r in stats.rejections[:3])
-        raise DataError(f"{path}: {stats.rejected} of {stats.rows_in} rows rejected, more than the allowed "
+        raise DataError(f"{label}: {stats.rejected} of {stats.rows_in} rows rejected, more than the allowed "
                         f"{src.max_reject_fraction:.1%} (max_reject_fraction); first: {first}")
     if stats.rows_out == 0:
-        raise DataError(f"{path}: no valid rows")
+        raise DataError(f"{label}: no valid rows")
 
 
 def _column_of(plan: dict[str, str], field_path: str) -> str:
@@ -136,18 +138,20 @@ def _column_of(plan: dict[str, str], field_path: str) -> str:
     return plan.get(base, base) + field_path[len(base):]
 
 
-def _write_records(name: str, src: SourceConfig, pf: pq.ParquetFile, plan: dict[str, str], path: Path,
+def _write_records(name: str, src: SourceConfig, reader: ParquetRows | JsonlRows, plan: dict[str, str],
                    target: Path) -> IngestStats:
     stats, seen, buffer = IngestStats(), set(), []
     schema = NORMALISED[src.kind]
     with pq.ParquetWriter(str(target), schema, **WRITE_OPTIONS) as writer:
-        for index, row in enumerate(iter_rows(pf, plan, path, src.batch_rows)):
+        for index, row in enumerate(iter_rows(reader, plan, src.batch_rows)):
             if src.max_rows is not None and index >= src.max_rows:
                 break
             stats.rows_in += 1
-            rid = str(row["_id"]) if row.get("_id") is not None else f"{name}-{index}"
-            group = "" if row.get("_group") is None else str(row["_group"])
             try:
+                if isinstance(row, RowError):
+                    raise row
+                rid = str(row["_id"]) if row.get("_id") is not None else f"{name}-{index}"
+                group = "" if row.get("_group") is None else str(row["_group"])
                 record = validate(make_record(src.format, src.kind, row, rid, group))
             except RowError as exc:
                 stats.reject(index, _column_of(plan, exc.field), exc.reason)
@@ -167,16 +171,29 @@ def _write_records(name: str, src: SourceConfig, pf: pq.ParquetFile, plan: dict[
     return stats
 
 
+def _input_hash(src: SourceConfig, reader: ParquetRows | JsonlRows, stats: IngestStats) -> str:
+    """The input's content sha256, checked against a pinned `sha256`. A `max_rows` cut of a JSONL stream stopped
+    early (a local file is hashed whole), so its hash covers only what was read: it is recorded as such, and
+    cannot match a pin."""
+    digest = reader.sha256()
+    if src.max_rows is not None and src.url and isinstance(reader, JsonlRows) and stats.rows_in >= src.max_rows:
+        digest = f"partial:{digest}"
+    if src.sha256 and digest != src.sha256:
+        raise DataError(f"{reader.label}: content sha256 is {digest}, the source pins {src.sha256} "
+                        "(sha256 = ...): a different file")
+    return digest
+
+
 def ingest_source(name: str, src: SourceConfig, out_dir: str | Path, base_dir: str | Path = ".") -> dict:
     """Ingest one source into `out_dir` (published atomically). Returns the manifest."""
-    path = Path(base_dir) / src.path
-    pf = open_parquet(path)
-    plan = column_plan(src, pf.schema_arrow, path)
+    reader = open_rows(src.path, src.url, src.file_type, src.http, Path(base_dir))
+    plan = column_plan(src, reader)
     staging = staging_dir(out_dir)
     try:
-        stats = _write_records(name, src, pf, plan, path, staging / RECORDS)
-        _reject_ceiling(stats, src, path)
-        manifest = write_manifest(staging, MANIFEST_KIND, inputs={src.path: sha256_file(path)}, extra={
+        stats = _write_records(name, src, reader, plan, staging / RECORDS)
+        _reject_ceiling(stats, src, reader.label)
+        inputs = {src.location: _input_hash(src, reader, stats)}
+        manifest = write_manifest(staging, MANIFEST_KIND, inputs=inputs, extra={
             "source": name, "record_kind": src.kind, "format": src.format, "rows_in": stats.rows_in,
             "rows_out": stats.rows_out, "duplicates": stats.duplicates, "rejected": stats.rejected,
             "rejections": stats.rejections})

@@ -114,6 +114,8 @@ def _messages(field: str, raw: object) -> tuple[Message, ...]:
     for i, m in enumerate(raw):
         if not isinstance(m, dict) or m.get("role") is None or m.get("content") is None:
             raise RowError(f"{field}[{i}]", "expected a message with non-null role and content")
+        if not isinstance(m["role"], str) or not isinstance(m["content"], str):
+            raise RowError(f"{field}[{i}]", "expected string role and content")
     return tuple(Message(m["role"], m["content"]) for m in raw)
 
 
@@ -137,6 +139,8 @@ def make_record(fmt: str, kind: str, row: dict, rid: str, group: str) -> Record:
     for col, expected in FORMATS[fmt].columns.items():
         if row.get(col) is None:
             raise RowError(col, "is null")
+        if expected == TEXT and not isinstance(row[col], str):  # a JSONL value: parquet types were checked
+            raise RowError(col, f"expected a string, got {type(row[col]).__name__}")
         if expected == TEXT and not row[col].strip():
             raise RowError(col, "is empty")  # named here, as the file's column, not as a record field
     if fmt == "messages":

@@ -118,8 +118,10 @@ def _pair(rng):
 def _list(rng):
     xs = rng.sample(range(-30, 30), 3)
     good = rng.random() < 0.5
-    shown = rng.sample(xs, 3) if good else xs[:2] + [xs[2] + 1]
-    return ", ".join(map(str, xs)), "\\boxed{" + ", ".join(map(str, shown)) + "}", good
+    as_set = rng.random() < 0.5  # a set gold accepts any order; a list gold only its own
+    shown = (rng.sample(xs, 3) if as_set else xs) if good else xs[:2] + [xs[2] + 1]
+    gold = ", ".join(map(str, xs))
+    return ("\\{" + gold + "\\}" if as_set else gold), "\\boxed{" + ", ".join(map(str, shown)) + "}", good
 
 
 def _percent(rng):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from align.verify import DEFAULT_CONFIG, VerifyConfig, compare, extract, why_unreadable
+from align.verify import DEFAULT_CONFIG, VerifyConfig, answer_of, compare_answers, extract, why_unreadable
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,7 @@ def score(response: str, gold: str, config: VerifyConfig = DEFAULT_CONFIG) -> Re
             return RewardResult(None, format_ok, None, "gold_unusable", f"gold unreadable ({gold_problem})")
         return RewardResult(0.0, format_ok, None, "unreadable", "no final answer" if found.boxes == 0 else
                             "empty or unclosed box")
-    verdict, why = compare(gold, found.answer, config)
+    verdict, why = compare_answers(answer_of(gold, config) or gold, found.answer, config)
     if verdict is None:
         return RewardResult(None, format_ok, found.answer, "gold_unusable", why)
     if verdict:

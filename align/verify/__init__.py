@@ -10,15 +10,28 @@ from __future__ import annotations
 from align.verify.answer import make_budget, read_answer, unbox
 from align.verify.config import DEFAULT_CONFIG, VerifyConfig
 from align.verify.equiv import values_equal
-from align.verify.extract import Extraction, extract
 from align.verify.limits import Unreadable
+from align.verify.response import Extraction, extract
 
 __all__ = ["VerifyConfig", "DEFAULT_CONFIG", "Unreadable", "Extraction", "are_equivalent", "is_readable",
-           "extract_answer", "extract", "read_answer", "compare", "why_unreadable"]
+           "extract_answer", "extract", "read_answer", "compare", "compare_answers", "answer_of", "why_unreadable"]
+
+
+def answer_of(text: str, config: VerifyConfig = DEFAULT_CONFIG) -> str | None:
+    """The final answer of a bare answer, a math span, a boxed answer or a whole solution text (response.py)."""
+    return extract(text, config.max_response_chars, True, lambda s: why_unreadable(s, config) is None).answer
 
 
 def compare(gold: str, pred: str, config: VerifyConfig = DEFAULT_CONFIG) -> tuple[bool | None, str]:
-    """(verdict, reason): verdict None when the gold is unreadable, False when the prediction is; reason says why."""
+    """(verdict, reason): verdict None when the gold is unreadable, False when the prediction is; reason says why.
+    Either side may be an answer or a whole response: its final answer is taken first (answer_of)."""
+    # Where no step finds an answer, the text itself is read, so the reason says what in it cannot be read.
+    g, p = answer_of(gold, config), answer_of(pred, config)
+    return compare_answers(gold if g is None else g, pred if p is None else p, config)
+
+
+def compare_answers(gold: str, pred: str, config: VerifyConfig = DEFAULT_CONFIG) -> tuple[bool | None, str]:
+    """compare() on two already extracted answers (the GRPO reward extracts with its own, stricter, rule)."""
     try:
         g = read_answer(unbox(gold), config)
     except Unreadable as e:
@@ -35,7 +48,7 @@ def compare(gold: str, pred: str, config: VerifyConfig = DEFAULT_CONFIG) -> tupl
 
 
 def are_equivalent(gold: str, pred: str, config: VerifyConfig = DEFAULT_CONFIG) -> bool | None:
-    """Does answer `pred` match answer `gold`? None when `gold` cannot be read (no reward, never 1)."""
+    """Does `pred` match `gold` (answers or whole responses)? None when `gold` cannot be read (never 1)."""
     return compare(gold, pred, config)[0]
 
 

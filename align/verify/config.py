@@ -45,6 +45,14 @@ class VerifyConfig:
     # value has no finite decimal expansion of that length (1/3, sqrt 2, pi), matches when the prediction rounds to
     # it at the gold's number of places: the gold was clearly rounded. 0 turns the tolerance off.
     rounded_gold_min_sig_digits: int = 3
+    # A comma list (`10, 4, -2`, adjacent boxes) is ordered unless the gold is a set (`\{...\}`, `\pm`) or this says
+    # the problem's answers are unordered ("list all solutions").
+    unordered_lists: bool = False
+    # An assignment to one variable equals its right-hand side: `y = 2x + 1` is `2x + 1`, `x = 5` is 5.
+    assignment_is_value: bool = True
+    # Units and currency around a number: "ignore" strips them (`5 \text{ cm}` is 5); "match" also requires the
+    # gold's unit on the prediction (`5 m` is not `500 cm`: units are compared as written, never converted).
+    units: Literal["ignore", "match"] = "ignore"
 
     def __post_init__(self) -> None:
         for name in ("max_response_chars", "max_answer_chars", "max_depth", "max_steps", "max_compare_steps",
@@ -53,6 +61,8 @@ class VerifyConfig:
                 raise ValueError(f"VerifyConfig.{name} must be >= 1, got {getattr(self, name)!r}")
         if self.percent not in ("either", "fraction", "number"):
             raise ValueError(f"VerifyConfig.percent must be 'either', 'fraction' or 'number', got {self.percent!r}")
+        if self.units not in ("ignore", "match"):
+            raise ValueError(f"VerifyConfig.units must be 'ignore' or 'match', got {self.units!r}")
         if self.rounded_gold_min_sig_digits < 0:
             raise ValueError("VerifyConfig.rounded_gold_min_sig_digits must be >= 0")
 

@@ -21,7 +21,8 @@ from align.verify import algebra as A
 from align.verify.algebra import Scalar
 from align.verify.config import VerifyConfig
 from align.verify.limits import Budget
-from align.verify.values import FiniteSet, Infinity, Interval, PairParen, Percent, Relation, Text, Tuple, Union, Value
+from align.verify.values import (FiniteSet, Infinity, Interval, List, PairParen, Percent, Relation, Text, Tuple, Union,
+                                 Value)
 
 
 def _non_terminating(v: Scalar) -> bool:
@@ -102,15 +103,31 @@ def _seq_equal(gs: tuple, ps: tuple, cfg: VerifyConfig, lim: Budget) -> bool:
     return len(gs) == len(ps) and all(values_equal(g, p, cfg, lim) for g, p in zip(gs, ps))
 
 
+def _union_like(v: Value) -> bool:
+    return isinstance(v, Union) or (isinstance(v, List) and all(isinstance(x, Interval) for x in v.items))
+
+
+def _union_parts(v: Value) -> tuple:
+    """A union's parts; a list of intervals (`x < -1 \\text{ or } x > 2`) is their union too."""
+    if isinstance(v, Union):
+        return v.parts
+    return v.items if _union_like(v) else (v,)
+
+
+def _list_equal(g: Value, p: Value, cfg: VerifyConfig, lim: Budget) -> bool:
+    """A gold list against a list or a set: ordered (items as written) unless cfg.unordered_lists; a gold set
+    against a list: order-free."""
+    gi, pi = g.items, p.items
+    if isinstance(g, FiniteSet) or cfg.unordered_lists:
+        return _set_equal(gi, pi, cfg, lim)
+    return _seq_equal(gi, pi, cfg, lim)
+
+
 def _structured_equal(g: Value, p: Value, cfg: VerifyConfig, lim: Budget) -> bool:
     if isinstance(g, (PairParen, Tuple)) and isinstance(p, (PairParen, Tuple)):
         gi = (g.a, g.b) if isinstance(g, PairParen) else g.items
         pi = (p.a, p.b) if isinstance(p, PairParen) else p.items
         return _seq_equal(gi, pi, cfg, lim)
-    if isinstance(g, Union) or isinstance(p, Union):
-        gp = g.parts if isinstance(g, Union) else (g,)
-        pp = p.parts if isinstance(p, Union) else (p,)
-        return _set_equal(gp, pp, cfg, lim)
     gi, pi = _interval_like(g), _interval_like(p)
     if gi is not None and pi is not None:
         return (gi.lo_closed == pi.lo_closed and gi.hi_closed == pi.hi_closed
@@ -125,9 +142,9 @@ def values_equal(g: Value, p: Value, cfg: VerifyConfig, lim: Budget) -> bool:
         return _scalar_equal(g, p, cfg, lim)
     if isinstance(g, Relation) and isinstance(p, Relation):  # before sets: `x = \\pm 1` is the set {1, -1}
         return _relation_equal(g, p, cfg, lim)
-    if isinstance(g, Relation) and g.op == "=" and A.variable_name(g.lhs) is not None:
+    if cfg.assignment_is_value and isinstance(g, Relation) and g.op == "=" and A.variable_name(g.lhs) is not None:
         return values_equal(g.rhs, p, cfg, lim)
-    if isinstance(p, Relation) and p.op == "=" and A.variable_name(p.lhs) is not None:
+    if cfg.assignment_is_value and isinstance(p, Relation) and p.op == "=" and A.variable_name(p.lhs) is not None:
         return values_equal(g, p.rhs, cfg, lim)
     if isinstance(g, Percent) or isinstance(p, Percent):
         if isinstance(g, Percent) and isinstance(p, Percent):
@@ -137,6 +154,12 @@ def values_equal(g: Value, p: Value, cfg: VerifyConfig, lim: Budget) -> bool:
         return any(values_equal(g, form, cfg, lim) for form in _percent_forms(p, cfg, lim))
     if isinstance(g, FiniteSet) and isinstance(p, FiniteSet):
         return _set_equal(g.items, p.items, cfg, lim)
+    if _union_like(g) or _union_like(p):
+        return _set_equal(_union_parts(g), _union_parts(p), cfg, lim)
+    if isinstance(g, (List, FiniteSet)) and isinstance(p, (List, FiniteSet)):
+        return _list_equal(g, p, cfg, lim)
+    if isinstance(g, List) or isinstance(p, List):  # a list (2+ items) is never one value
+        return False
     if isinstance(g, FiniteSet):  # a set whose every element is p: `\{3\}`, or the same box twice
         return bool(g.items) and all(values_equal(x, p, cfg, lim) for x in g.items)
     if isinstance(p, FiniteSet):

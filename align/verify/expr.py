@@ -16,7 +16,7 @@ from align.verify.algebra import Scalar
 from align.verify.lexer import Token
 from align.verify.limits import Budget, OverBudget, Unsupported
 from align.verify.structures import bracket_value, relation_value, union_value
-from align.verify.values import FiniteSet, Infinity, Tuple, Value
+from align.verify.values import FiniteSet, Infinity, List, Tuple, Value
 
 PI = A.symbol("pi")
 GREEK = frozenset("\\" + g for g in (
@@ -87,7 +87,7 @@ class Parser:
         items = self.items()
         if self.peek().kind != "end":
             raise Unsupported(f"unexpected {self.peek().text!r}")
-        return items[0] if len(items) == 1 else FiniteSet(tuple(items))
+        return items[0] if len(items) == 1 else List(tuple(items))
 
     def items(self) -> list[Value]:
         out = [self.item()]

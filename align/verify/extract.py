@@ -1,9 +1,9 @@
-"""Finding the final answer in a model response: the last `\\boxed{...}` / `\\fbox{...}` (or `\\boxed 5`), with
-boxes that sit next to it (separated only by commas, "and", "or", spacing, `$`) joined into one set answer.
+"""Boxes in a model response: the last `\\boxed{...}` / `\\fbox{...}` (or `\\boxed 5`), with boxes that sit next
+to it (separated only by commas, "and", "or", spacing, `$`) joined into one list answer (response.py uses them).
 
 Brace matching is a loop, not recursion, and each character is visited a bounded number of times: a box's content
 is skipped as a whole once matched, so boxes nested inside it are not counted again. An unclosed box (a response
-cut mid-answer) is unreadable. The optional fallback ("The answer is X", GSM8K "#### X") is off for RL rewards.
+cut mid-answer) is unreadable.
 """
 
 from __future__ import annotations
@@ -17,22 +17,12 @@ _STRUCTURAL = re.compile(r"\\.|[{}]", re.DOTALL)
 # What may separate two boxes of one answer: "\boxed{1}, \boxed{2}", "$\boxed{3}$ or $\boxed{4}$".
 _SEPARATOR = re.compile(
     r"(?:\s|[,;&$]|\\[(),;:! ]|\\quad|\\qquad|\\\\|\band\b|\bor\b|\\text\{\s*(?:(?:and|or|,)\s*)?\})*")
-_FALLBACKS = (
-    re.compile(r"(?m)^[ \t]*####[ \t]*([^\n]+)"),
-    re.compile(r"(?i)(?:final answer|the answer)(?: is)?[ \t]*[:=]?[ \t]*([^\n]+)"),
-)
 
 
 class Box(NamedTuple):
     start: int
     end: int  # index after the box
     content: str | None  # None: unclosed
-
-
-class Extraction(NamedTuple):
-    answer: str | None  # the final answer's text; several adjacent boxes are joined as `\{a, b\}`
-    boxes: int  # how many boxes the (truncated) response holds
-    source: str  # "box" | "fallback" | "none"
 
 
 def _match_brace(text: str, open_at: int) -> int:
@@ -80,31 +70,7 @@ def final_group(text: str, boxes: list[Box]) -> list[Box]:
     return boxes[first:]
 
 
-def _fallback(text: str) -> str | None:
-    for pattern in _FALLBACKS:
-        last = None
-        for last in pattern.finditer(text):
-            pass
-        if last is not None:
-            return last.group(1).strip()
-    return None
-
-
-def extract(response: str, max_chars: int, fallback: bool = False) -> Extraction:
-    """The final answer of `response` (its last `max_chars` characters)."""
-    text = response[-max_chars:] if len(response) > max_chars else response
-    boxes = find_boxes(text)
-    if not boxes:
-        found = _fallback(text) if fallback else None
-        return Extraction(found or None, 0, "fallback" if found else "none")
-    group = final_group(text, boxes)
-    contents = [b.content for b in group]
-    if any(c is None or not c.strip() for c in contents):
-        return Extraction(None, len(boxes), "box")
-    return Extraction(join_group(contents), len(boxes), "box")
-
-
 def join_group(contents: list[str]) -> str:
-    """One answer from the contents of adjacent boxes: itself, or the set of the distinct contents."""
+    """One answer from the contents of adjacent boxes (or math spans): itself, or the list of the distinct ones."""
     distinct = list(dict.fromkeys(c.strip() for c in contents))  # the same box repeated is one answer
-    return distinct[0] if len(distinct) == 1 else "\\{" + ", ".join(distinct) + "\\}"
+    return ", ".join(distinct)  # a list, in written order: ordered unless the gold is a set

@@ -41,8 +41,16 @@ class Tuple:
 
 
 @dataclass(frozen=True, eq=False)
+class List:
+    """A top-level comma list `10, 4, -2` (or adjacent boxes): ordered, unless the gold is a set or
+    VerifyConfig.unordered_lists says so."""
+
+    items: tuple
+
+
+@dataclass(frozen=True, eq=False)
 class FiniteSet:
-    """Order-free, duplicates irrelevant: `\\{1, 2\\}`, a top-level list `1, 2`, adjacent boxes, `1 \\pm 2`."""
+    """Order-free, duplicates irrelevant: `\\{1, 2\\}`, `1 \\pm 2`."""
 
     items: tuple
 
@@ -68,4 +76,4 @@ class Text:
     text: str
 
 
-Value = Scalar | Infinity | Percent | Interval | PairParen | Tuple | FiniteSet | Union | Relation | Text
+Value = Scalar | Infinity | Percent | Interval | PairParen | Tuple | List | FiniteSet | Union | Relation | Text

@@ -17,7 +17,10 @@ def test_contract_values():
 
 def test_boxed_answers_are_unboxed():
     assert are_equivalent(r"\boxed{5}", r"so \boxed{5}.") is True
-    assert are_equivalent("1, 2", r"\boxed{2}, \boxed{1}") is True
+    assert are_equivalent("1, 2", r"\boxed{1}, \boxed{2}") is True
+    assert are_equivalent("1, 2", r"\boxed{2}, \boxed{1}") is False  # a list is ordered unless the gold is a set
+    assert are_equivalent(r"\{1, 2\}", r"\boxed{2}, \boxed{1}") is True
+    assert are_equivalent("1, 2", r"\boxed{2}, \boxed{1}", VerifyConfig(unordered_lists=True)) is True
 
 
 def test_is_readable():

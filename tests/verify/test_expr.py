@@ -13,7 +13,7 @@ from align.verify.config import DEFAULT_CONFIG
 from align.verify.expr import Parser
 from align.verify.lexer import tokenize
 from align.verify.limits import OverBudget, Unreadable, Unsupported
-from align.verify.values import FiniteSet, Interval, PairParen, Percent, Relation, Text, Tuple
+from align.verify.values import FiniteSet, Interval, List, PairParen, Percent, Relation, Text, Tuple
 
 
 def value(text: str, cfg: VerifyConfig = DEFAULT_CONFIG):
@@ -62,7 +62,7 @@ def test_structures():
     assert isinstance(value("[1,2)"), Interval)
     assert isinstance(value("(1,2,3)"), Tuple)
     assert isinstance(value(r"\{1,2\}"), FiniteSet)
-    assert isinstance(value("1, 2"), FiniteSet)
+    assert isinstance(value("1, 2"), List)  # ordered unless the gold is a set
     assert isinstance(value(r"1 \pm \sqrt2"), FiniteSet) and len(value(r"1 \pm \sqrt2").items) == 2
     assert isinstance(value("25%"), Percent)
     assert isinstance(value(r"\text{Evelyn}"), Text)

@@ -28,10 +28,11 @@ def test_nested_boxes_count_once():
     assert found.boxes == 1 and found.answer == r"\boxed{5}"
 
 
-def test_adjacent_boxes_form_a_set():
+def test_adjacent_boxes_form_a_list():
     for text in (r"\boxed{1}, \boxed{2}", r"$\boxed{1}$ and $\boxed{2}$", r"\boxed{1} or \boxed{2}",
                  r"\boxed{1}\quad\text{or}\quad\boxed{2}", r"\boxed{1}\boxed{2}"):
-        assert extract_answer(text) == r"\{1, 2\}", text
+        assert extract_answer(text) == "1, 2", text
+    assert extract_answer(r"\boxed{2} and \boxed{1}") == "2, 1"  # written order: a list is ordered
     assert extract_answer(r"\boxed{3}, \boxed{ 3 }") == "3"  # the same answer twice is one answer
     # Separated by words: only the last box counts.
     assert extract_answer(r"\boxed{1}. Checking again, \boxed{2}") == "2"
@@ -61,9 +62,9 @@ def test_truncation_keeps_the_tail():
 def test_fallback_is_off_by_default_and_finds_gsm8k_and_answer_is():
     assert extract_answer("The answer is 5.") is None
     assert extract_answer("work\n#### 1,234", fallback=True) == "1,234"
-    assert extract_answer("The answer is 5.", fallback=True) == "5."
-    assert extract_answer("Final answer: $\\frac{1}{2}$", fallback=True) == "$\\frac{1}{2}$"
+    assert extract_answer("The answer is 5.", fallback=True) == "5"  # the sentence's full stop is not the answer's
+    assert extract_answer("Final answer: $\\frac{1}{2}$", fallback=True) == "\\frac{1}{2}"
     found = extract("the answer is 3", 1000, fallback=True)
-    assert found.source == "fallback" and found.boxes == 0
+    assert found.source == "phrase" and found.boxes == 0
     # A box always wins over the fallback.
     assert extract_answer(r"The answer is 5. \boxed{6}", fallback=True) == "6"

@@ -1,0 +1,154 @@
+"""The final answer of a text that may be a whole solution, the way a grader reads one. In this order:
+
+1. the last box (`\\boxed{...}`, `\\fbox{...}`, `\\boxed 5`), with boxes only separators divide from it joined
+   into one list (extract.py);
+2. the last final-answer phrase ("the answer is", "Final Answer:", "答案是", "la réponse est", "Ответ:",
+   "الإجابة هي", "उत्तर है", ... see _PHRASES): the first math span after it, else the rest of its sentence;
+3. the whole text, when it reads as an answer on its own (`5`, `$x = 3$`, `\\[ \\frac12 \\]`);
+4. the last math span (`$...$`, `$$...$$`, `\\(...\\)`, `\\[...\\]`), with spans only separators divide from it
+   joined into one list (so "$3$ or $5$" is the hedge `3, 5`, never 5);
+5. the last number, when it is the only number of the last sentence and that sentence holds no hedge word.
+
+Every step is one or two linear regex passes over at most VerifyConfig.max_response_chars characters (the tail).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Callable, NamedTuple
+
+from align.verify.extract import _SEPARATOR, final_group, find_boxes, join_group
+
+# Final-answer phrases, case-insensitive. What follows may start with "is", ":", "=", "是", "为" (eaten below).
+_PHRASES = [
+    # English
+    r"####", r"final\s+answer", r"(?:the\s+)?(?:correct\s+)?answer\s+is", r"\banswer\s*[:：]", r"\banswer\s*=",
+    # Chinese, Japanese, Korean
+    r"最终答案", r"最后答案", r"答案", r"答\s*[:：]", r"答えは", r"答え\s*[:：]", r"解答\s*[:：]", r"정답은", r"답은",
+    r"답\s*[:：]",
+    # French, Spanish, Portuguese, Italian, German
+    r"r[ée]ponse\s+finale", r"la\s+r[ée]ponse\s+est", r"r[ée]ponse\s*[:：]", r"respuesta\s+final",
+    r"la\s+respuesta\s+es", r"respuesta\s*[:：]", r"resposta\s+final", r"a\s+resposta\s+[ée]", r"resposta\s*[:：]",
+    r"risposta\s+finale", r"la\s+risposta\s+[èe]", r"risposta\s*[:：]", r"endg[üu]ltige\s+antwort",
+    r"die\s+antwort\s+(?:ist|lautet)", r"antwort\s*[:：]",
+    # Russian, Ukrainian
+    r"окончательный\s+ответ", r"итоговый\s+ответ", r"ответ\s*[:：]", r"ответ\s+(?:равен|—|-)", r"відповідь\s*[:：]",
+    # Arabic, Persian, Hindi, Turkish, Vietnamese, Indonesian
+    r"الإجابة\s+النهائية", r"الإجابة\s+هي", r"الجواب\s+هو", r"الإجابة\s*[:：]", r"الجواب\s*[:：]", r"پاسخ\s*[:：]",
+    r"अंतिम\s+उत्तर", r"उत्तर\s+है", r"उत्तर\s*[:：=]", r"cevap\s*[:：]", r"yan[ıi]t\s*[:：]", r"đáp\s+án",
+    r"jawaban(?:nya)?\s+(?:adalah|:)",
+]
+_PHRASE = re.compile("(?i)(?:" + "|".join(_PHRASES) + r")[ \t*]*(?:is\b|est\b|es\b|ist\b|是|为|為|は|:|：|=|—|-)?[ \t*:：]*")
+# The end of the phrase's answer: a line break, or sentence punctuation followed by a space or the end.
+_SENTENCE_END = re.compile(r"\n|[.!?](?=\s|$)|[。！？]")
+_DELIM = re.compile(r"(?<!\\)\$\$|(?<!\\)\$|\\\(|\\\)|\\\[|\\\]")
+_CLOSE = {"$$": "$$", "$": "$", "\\(": "\\)", "\\[": "\\]"}
+_NUMBER = re.compile(r"(?<![\w.])-?[0-9]+(?:[.,][0-9]+)*(?![\w])")
+_HEDGE = re.compile(r"(?i)\b(?:or|either|maybe|perhaps|possibly|probably|approximately|about|around|roughly|ou|o|oder"
+                    r"|или|أو|या)\b|或")
+_MATHY = re.compile(r"[\\{}^_=<>]")  # a sentence with these is an expression, not prose around one number
+_MAX_SPAN = 2_000
+
+
+class Span(NamedTuple):
+    start: int
+    end: int  # index after the closing delimiter
+    content: str
+
+
+def math_spans(text: str) -> list[Span]:
+    """Every closed math span, left to right, in one pass over the delimiters (no backtracking regex)."""
+    spans, opener, open_end, open_at = [], None, 0, 0
+    for m in _DELIM.finditer(text):
+        d = m.group()
+        if opener is None:
+            if d in _CLOSE:
+                opener, open_at, open_end = d, m.start(), m.end()
+        elif d == _CLOSE[opener]:
+            if m.start() - open_end <= _MAX_SPAN:
+                spans.append(Span(open_at, m.end(), text[open_end:m.start()]))
+            opener = None
+    return spans
+
+
+def _span_group(text: str, spans: list[Span]) -> str:
+    return join_group([s.content for s in final_group(text, spans)])
+
+
+def _after_phrase(text: str) -> str | None:
+    last = None
+    for last in _PHRASE.finditer(text):
+        pass
+    if last is None:
+        return None
+    rest = text[last.end():]
+    spans = math_spans(rest[:_MAX_SPAN * 2])
+    if spans and not rest[:spans[0].start].strip(" \t*"):
+        return join_group([s.content for s in _adjacent(rest, spans)])
+    end = _SENTENCE_END.search(rest)
+    answer = (rest if end is None else rest[:end.start()]).strip(" \t*")
+    return answer or None
+
+
+def _adjacent(text: str, spans: list[Span]) -> list[Span]:
+    """The first span and the spans right after it that only separators divide from it."""
+    out = [spans[0]]
+    for s in spans[1:]:
+        if not _SEPARATOR.fullmatch(text, out[-1].end, s.start):
+            break
+        out.append(s)
+    return out
+
+
+def _last_number(text: str) -> str | None:
+    numbers = list(_NUMBER.finditer(text))
+    if not numbers:
+        return None
+    last = numbers[-1]
+    start = 0
+    for m in _SENTENCE_END.finditer(text, 0, last.start()):
+        start = m.end()
+    sentence = text[start:]
+    end = _SENTENCE_END.search(sentence, last.end() - start)
+    sentence = sentence if end is None else sentence[:end.start()]
+    if len(_NUMBER.findall(sentence)) != 1 or _HEDGE.search(sentence) or _MATHY.search(sentence):
+        return None
+    return last.group()
+
+
+class Extraction(NamedTuple):
+    answer: str | None  # the final answer's text; several adjacent boxes (or spans) are joined as the list `a, b`
+    boxes: int  # how many boxes the (truncated) response holds
+    source: str  # box | phrase | whole | span | number | none
+
+
+def extract(response: str, max_chars: int, fallback: bool = False,
+            readable: Callable[[str], bool] | None = None) -> Extraction:
+    """The final answer of `response` (its last `max_chars` characters): its last box group; with `fallback`, when
+    there is no box, steps 2-5 of the module docstring (step 3 only when `readable` is given)."""
+    text = response[-max_chars:] if len(response) > max_chars else response
+    boxes = find_boxes(text) if "box" in text else []
+    if boxes:
+        group = final_group(text, boxes)
+        if any(b.content is None or not b.content.strip() for b in group):
+            return Extraction(None, len(boxes), "box")
+        return Extraction(join_group([b.content for b in group]), len(boxes), "box")
+    if not fallback:
+        return Extraction(None, 0, "none")
+    answer, source = _unboxed_answer(text, readable)
+    return Extraction(answer, 0, source)
+
+
+def _unboxed_answer(text: str, readable: Callable[[str], bool] | None) -> tuple[str | None, str]:
+    found = _after_phrase(text)
+    if found is not None:
+        return found, "phrase"
+    if readable is not None and text.strip() and readable(text):
+        return text, "whole"
+    spans = math_spans(text)
+    if spans:
+        return _span_group(text, spans), "span"
+    number = _last_number(text)
+    if number is not None:
+        return number, "number"
+    return None, "none"

@@ -12,6 +12,7 @@ from align.verify.config import DEFAULT_CONFIG, VerifyConfig
 from align.verify.equiv import values_equal
 from align.verify.limits import Unreadable
 from align.verify.response import Extraction, extract
+from align.verify.units import unit_of
 
 __all__ = ["VerifyConfig", "DEFAULT_CONFIG", "Unreadable", "Extraction", "are_equivalent", "is_readable",
            "extract_answer", "extract", "read_answer", "compare", "compare_answers", "answer_of", "why_unreadable"]
@@ -40,6 +41,8 @@ def compare_answers(gold: str, pred: str, config: VerifyConfig = DEFAULT_CONFIG)
         p = read_answer(unbox(pred), config)
     except Unreadable as e:
         return False, f"prediction unreadable ({type(e).__name__}: {e})"
+    if config.units == "match" and unit_of(gold) and unit_of(gold) != unit_of(pred):
+        return False, f"units differ ({unit_of(gold)!r} asked, {unit_of(pred) or 'none'!r} given)"
     try:
         same = values_equal(g, p, config, make_budget(config, compare=True))
     except Unreadable as e:  # the comparison itself went over budget (huge cross-multiplication)

@@ -17,7 +17,8 @@ from align.verify.extract import final_group, find_boxes, join_group
 from align.verify.lexer import END, tokenize
 from align.verify.limits import Budget, OverBudget, Unreadable
 from align.verify.normalize import clean
-from align.verify.values import Percent, Text, Value
+from align.verify.algebra import Scalar
+from align.verify.values import Degrees, Percent, Text, Value
 
 _PLAIN_NUMBER = re.compile(r"-?[0-9]{1,40}(?:\.[0-9]{1,40})?")
 _WORDS = re.compile(r"[a-zA-Z][a-zA-Z ]*")
@@ -52,11 +53,13 @@ def _parse(s: str, cfg: VerifyConfig) -> Value:
         return Text(" ".join(s.lower().split()))
     budget = make_budget(cfg)
     tokens = tokenize(s, budget)
-    percent = len(tokens) >= 2 and tokens[-2].kind == "op" and tokens[-2].text == "%"
-    if percent:
+    mark = tokens[-2].text if len(tokens) >= 2 and tokens[-2].kind == "op" else ""
+    if mark in ("%", "\u00b0"):  # a final `%` or degree sign says what the whole answer is
         tokens = tokens[:-2] + [END]
     value = Parser(tokens, budget, cfg.max_depth).parse()
-    return Percent(as_scalar(value)) if percent else value
+    if mark == "%":
+        return Percent(as_scalar(value))
+    return Degrees(as_scalar(value)) if mark == "\u00b0" and isinstance(value, Scalar) else value
 
 
 @lru_cache(maxsize=16_384)

@@ -21,8 +21,8 @@ from align.verify import algebra as A
 from align.verify.algebra import Scalar
 from align.verify.config import VerifyConfig
 from align.verify.limits import Budget
-from align.verify.values import (FiniteSet, Infinity, Interval, List, PairParen, Percent, Relation, Text, Tuple, Union,
-                                 Value)
+from align.verify.values import (Based, Degrees, FiniteSet, Infinity, Interval, List, Matrix, PairParen, Percent,
+                                 Relation, Text, Tuple, Union, Value)
 
 
 def _non_terminating(v: Scalar) -> bool:
@@ -63,6 +63,44 @@ def _scalar_equal(g: Scalar, p: Scalar, cfg: VerifyConfig, lim: Budget) -> bool:
 def _percent_forms(v: Percent, cfg: VerifyConfig, lim: Budget) -> list[Scalar]:
     as_fraction = A.div(v.value, A.const(100), lim)
     return {"either": [v.value, as_fraction], "fraction": [as_fraction], "number": [v.value]}[cfg.percent]
+
+
+def _angle_forms(v: Degrees, lim: Budget) -> list[Scalar]:
+    """An angle in degrees as written and in radians: `30^\\circ` is 30 and pi/6."""
+    return [v.value, A.div(A.mul(v.value, A.symbol("pi"), lim), A.const(180), lim)]
+
+
+def _based_equal(g: Based, p: Value, cfg: VerifyConfig, lim: Budget) -> bool:
+    """A based gold accepts the same number in any base, or its digits without the subscript (the question asked
+    for base b): `204_5` accepts `204_5`, `204`, `1010100_2`; not 54, which is the value in base ten."""
+    if isinstance(p, Based):
+        return values_equal(g.value, p.value, cfg, lim)
+    q = p.rational() if isinstance(p, Scalar) else None
+    if q is None or q.denominator != 1 or q < 0 or len(str(q.numerator)) > 64:
+        return False
+    digits = str(q.numerator)
+    return all(int(d) < g.base for d in digits) and int(digits, g.base) == g.value.rational()
+
+
+def _vector(v: Value) -> tuple | None:
+    """The entries of a one-row or one-column matrix, or of a parenthesised tuple."""
+    if isinstance(v, Matrix):
+        if len(v.rows) == 1:
+            return v.rows[0]
+        if all(len(r) == 1 for r in v.rows):
+            return tuple(r[0] for r in v.rows)
+        return None
+    if isinstance(v, PairParen):
+        return (v.a, v.b)
+    return v.items if isinstance(v, Tuple) else None
+
+
+def _matrix_equal(g: Value, p: Value, cfg: VerifyConfig, lim: Budget) -> bool:
+    if isinstance(g, Matrix) and isinstance(p, Matrix):
+        return (len(g.rows) == len(p.rows) and len(g.rows[0]) == len(p.rows[0])
+                and all(_seq_equal(gr, pr, cfg, lim) for gr, pr in zip(g.rows, p.rows)))
+    gv, pv = _vector(g), _vector(p)  # a column vector gold accepts `(1, 2)`, and the other way round
+    return gv is not None and pv is not None and _seq_equal(gv, pv, cfg, lim)
 
 
 def _bound_equal(g: object, p: object, cfg: VerifyConfig, lim: Budget) -> bool:
@@ -152,6 +190,18 @@ def values_equal(g: Value, p: Value, cfg: VerifyConfig, lim: Budget) -> bool:
         if isinstance(g, Percent):
             return any(values_equal(form, p, cfg, lim) for form in _percent_forms(g, cfg, lim))
         return any(values_equal(g, form, cfg, lim) for form in _percent_forms(p, cfg, lim))
+    if isinstance(g, Degrees) or isinstance(p, Degrees):
+        if isinstance(g, Degrees) and isinstance(p, Degrees):
+            return values_equal(g.value, p.value, cfg, lim)
+        if isinstance(g, Degrees):
+            return any(values_equal(form, p, cfg, lim) for form in _angle_forms(g, lim))
+        return any(values_equal(g, form, cfg, lim) for form in _angle_forms(p, lim))
+    if isinstance(g, Based):
+        return _based_equal(g, p, cfg, lim)
+    if isinstance(p, Based):
+        return values_equal(g, p.value, cfg, lim)
+    if isinstance(g, Matrix) or isinstance(p, Matrix):
+        return _matrix_equal(g, p, cfg, lim)
     if isinstance(g, FiniteSet) and isinstance(p, FiniteSet):
         return _set_equal(g.items, p.items, cfg, lim)
     if _union_like(g) or _union_like(p):
@@ -175,6 +225,25 @@ def _relation_equal(g: Relation, p: Relation, cfg: VerifyConfig, lim: Budget) ->
     if g.op != p.op:
         return False
     same = values_equal(g.lhs, p.lhs, cfg, lim) and values_equal(g.rhs, p.rhs, cfg, lim)
-    if same or g.op not in ("=", "!="):
-        return same
-    return values_equal(g.lhs, p.rhs, cfg, lim) and values_equal(g.rhs, p.lhs, cfg, lim)
+    if same:
+        return True
+    if g.op in ("=", "!=") and values_equal(g.lhs, p.rhs, cfg, lim) and values_equal(g.rhs, p.lhs, cfg, lim):
+        return True
+    return _proportional(g, p, lim)
+
+
+def _proportional(g: Relation, p: Relation, lim: Budget) -> bool:
+    """The same relation written with both sides scaled: `2y = 4x + 2` is `y = 2x + 1`, `-x - y > -1` is `x + y < 1`
+    (rhs - lhs scaled by a constant c, c > 0 for an inequality). Polynomials only: their form is canonical."""
+    if not all(isinstance(v, Scalar) and v.den is None for v in (g.lhs, g.rhs, p.lhs, p.rhs)):
+        return False
+    dg, dp = A.add(g.rhs, g.lhs, lim, -1), A.add(p.rhs, p.lhs, lim, -1)
+    if dg.is_zero() or dp.is_zero() or len(dg.num) != len(dp.num):
+        return False
+    mono, coef = next(iter(dg.num.items()))
+    if mono not in dp.num:
+        return False
+    c = dp.num[mono] / coef
+    if g.op in ("<", "<=") and c < 0:
+        return False
+    return A.equal(A.mul(dg, A.const(c), lim), dp, lim)

@@ -16,7 +16,7 @@ from align.verify.algebra import Scalar
 from align.verify.lexer import Token
 from align.verify.limits import Budget, OverBudget, Unsupported
 from align.verify.structures import bracket_value, relation_value, union_value
-from align.verify.values import FiniteSet, Infinity, List, Tuple, Value
+from align.verify.values import Based, FiniteSet, Infinity, List, Matrix, Tuple, Value
 
 PI = A.symbol("pi")
 GREEK = frozenset("\\" + g for g in (
@@ -29,11 +29,14 @@ _TIMES = frozenset({"\\cdot", "\\times", "\\ast"})
 # Commands that may follow a factor with no operator between ("2\\pi", "3\\sqrt{2}", "x\\sin x").
 _IMPLICIT_CMDS = frozenset({"\\pi", "\\sqrt", "\\frac", "\\binom", "\\lfloor", "\\lceil"}) | GREEK | F.FUNCTIONS
 _CLOSERS = {"(": ")", "[": "]", "{": "}"}
+_MATRIX_ENVS = frozenset({"matrix", "pmatrix", "bmatrix", "smallmatrix", "array"})
 
 
 def as_scalar(v: Value) -> Scalar:
     if isinstance(v, Scalar):
         return v
+    if isinstance(v, Based):  # `204_5 + 1`: inside arithmetic a based number is its value
+        return v.value
     raise Unsupported(f"arithmetic on {type(v).__name__}")
 
 
@@ -190,6 +193,8 @@ class Parser:
             elif self.is_op("%"):
                 self.take()
                 v = A.div(as_scalar(v), A.const(100), self.b)
+            elif self.is_op("\u00b0"):  # a degree sign inside an answer (`30°, 60°`) is dropped; at the end, answer.py
+                self.take()
             else:
                 return v
 
@@ -199,7 +204,9 @@ class Parser:
         if self.depth > self.max_depth:
             raise OverBudget(f"nesting deeper than {self.max_depth}")
         t = self.take()
-        if t.kind == "num":
+        if t.kind == "num" and self.is_op("_") and t.text.isdigit():
+            v = self.based(t.text)
+        elif t.kind == "num":
             v = self.number(t) if mixed else literal(t.text, self.b)
         elif t.kind == "id":
             v = A.symbol("v:" + t.text + self.subscript())
@@ -237,6 +244,59 @@ class Parser:
             self.i = j + 3
             return A.add(v, A.const(Fraction(int(toks[j].text), int(toks[j + 2].text))), self.b)
         return v
+
+    def based(self, digits: str) -> Based:
+        """`204_5`, `4210_{5}`: digits in a base from 2 to 36 given as a decimal subscript."""
+        self.take()
+        braced = self.is_op("{")
+        if braced:
+            self.take()
+        t = self.take()
+        if t.kind != "num" or not t.text.isdigit() or not 2 <= int(t.text) <= 36:
+            raise Unsupported("base subscript must be an integer from 2 to 36")
+        if braced:
+            self.expect("op", "}")
+        base = int(t.text)
+        if any(int(d) >= base for d in digits):
+            raise Unsupported(f"digit out of range in base {base}")
+        return Based(digits, base, A.const(int(digits, base)))
+
+    def matrix(self) -> Matrix:
+        """`\\begin{pmatrix} a & b \\\\ c & d \\end{pmatrix}` (also bmatrix, vmatrix-free kinds, `array` with a
+        column spec): rows split at `\\\\`, entries at `&`; every row the same length."""
+        self.expect("op", "{")
+        env = self.take()
+        if env.kind != "word" or env.text not in _MATRIX_ENVS:
+            raise Unsupported(f"environment {env.text!r}")
+        self.expect("op", "}")
+        if env.text == "array" and self.is_op("{"):  # the column spec `{cc}` / `{c|c}`
+            while not self.is_op("}"):
+                if self.take().kind == "end":
+                    raise Unsupported("unclosed array column spec")
+            self.take()
+        rows, row = [], []
+        while True:
+            if self.is_cmd("\\end"):
+                break
+            row.append(self.relation())
+            if self.is_op("&"):
+                self.take()
+            elif self.is_op("\\\\"):
+                self.take()
+                rows.append(tuple(row))
+                row = []
+            elif not self.is_cmd("\\end"):
+                raise Unsupported(f"unexpected {self.peek().text or 'end of answer'!r} in a matrix")
+        if row:
+            rows.append(tuple(row))
+        self.take()
+        self.expect("op", "{")
+        if self.take().text != env.text:
+            raise Unsupported("\\begin and \\end do not match")
+        self.expect("op", "}")
+        if not rows or len({len(r) for r in rows}) != 1:
+            raise Unsupported("matrix rows of different lengths")
+        return Matrix(tuple(rows))
 
     def subscript(self) -> str:
         if not self.is_op("_"):
@@ -324,6 +384,8 @@ class Parser:
             return Tuple(tuple(self.listed("\\rangle")))
         if name in ("\\boxed", "\\fbox"):
             return self.arg()
+        if name == "\\begin":
+            return self.matrix()
         closers = {"\\lfloor": "\\rfloor", "\\lceil": "\\rceil", "\\lvert": "\\rvert", "\\vert": "\\vert"}
         if name in closers:
             v = as_scalar(self.additive())

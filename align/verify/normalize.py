@@ -42,12 +42,16 @@ _TRAILING_WORDS = re.compile(r"(?<=[0-9})\]])\s*(?:\\text\{([a-z][a-z -]{0,40})\
 _UNICODE = str.maketrans({
     "\u2212": "-", "\u2013": "-", "\u2014": "-", "\u2010": "-", "\u2012": "-", "\ufe63": "-", "\uff0d": "-",
     "\u00d7": r"\times ", "\u00b7": r"\cdot ", "\u22c5": r"\cdot ", "\u00f7": r"\div ", "\u221a": r"\sqrt ",
-    "\u03c0": r"\pi ", "\u221e": r"\infty ", "\u00b0": "", "\u2264": r"\le ", "\u2265": r"\ge ",
+    "\u03c0": r"\pi ", "\u221e": r"\infty ", "\u2264": r"\le ", "\u2265": r"\ge ",
     "\u2260": r"\ne ", "\u00b1": r"\pm ", "\u222a": r"\cup ", "\u2205": r"\emptyset ", "\u00b2": "^2",
     "\u00b3": "^3", "\u00a0": " ", "\u2009": " ", "\u202f": " ", "\u2007": " ", "\u200b": "", "\uff0c": ",",
     "\uff08": "(", "\uff09": ")", "\u2215": "/", "\uff05": "%",
+    "\u066b": ".", "\u066c": ",", "\u060c": ",", "\u20ac": "", "\u00a3": "", "\u00a5": "", "\u20b9": "", "\u20bd": "",
     **{chr(0xFF10 + d): str(d) for d in range(10)},
+    # Arabic-Indic, Persian and Devanagari digits: what Arabic, Persian and Hindi model outputs write.
+    **{chr(base + d): str(d) for base in (0x0660, 0x06F0, 0x0966) for d in range(10)},
 })
+_DEGREE_MARK = "\u00b0"  # kept through clean(): a final degree sign makes the answer an angle in degrees
 
 _TEXT_CMD = re.compile(
     r"\\(text|textbf|textit|textrm|textsf|texttt|textnormal|mbox|hbox|mathrm|mathbf|mathit|mathsf|mathtt|"
@@ -57,15 +61,20 @@ _WORD2 = re.compile(r"[a-zA-Z]{2,}")
 _SIZING = re.compile(r"\\(?:left|right)\s*\.|"
                      r"\\(?:left|right|[bB]igg?[lrm]?|displaystyle|textstyle|scriptstyle|limits|nolimits)(?![a-zA-Z])")
 _THIN_THOUSANDS = re.compile(r"(?<=[0-9])(?:\\[,!]|\{,\}|\\ )(?=[0-9]{3}(?![0-9]))")
+_BRACED_COMMA = re.compile(r"(?<=[0-9])\{,\}(?=[0-9])")  # `2{,}5` (LaTeX decimal comma) once `10{,}000` is done
 _NEG_SPACE = re.compile(r"\\!")
-_SPACES = re.compile(r"\\[,;: ]|\\(?:quad|qquad|enspace|thinspace|medspace|thickspace)(?![a-zA-Z])|~")
+_SPACES = re.compile(r"(?<!\\)\\[,;: ]|\\(?:quad|qquad|enspace|thinspace|medspace|thickspace)(?![a-zA-Z])|~")
 _FRAC = re.compile(r"\\[dtc]frac(?![a-zA-Z])")
 _BINOM = re.compile(r"\\[dt]binom(?![a-zA-Z])")
-_DEGREE = re.compile(r"\^\s*\{?\s*\\circ\s*\}?|\\circ(?![a-zA-Z])|\\degree(?![a-zA-Z])|\^\s*\{\s*o\s*\}")
+_DEGREE = re.compile(r"\^\s*\{?\s*\\circ\s*\}?|\\circ(?![a-zA-Z])|\\degree(?![a-zA-Z])|\^\s*\{\s*o\s*\}|\^\s*\u00b0")
+_BARE_DEGREES = re.compile(r"(?<=[0-9}])\s*(?:degrees?|deg)\s*$")
+_UNIT_SQUARED = re.compile(r"(?<=[0-9 ])(mm|cm|km|m|ft|in)([\u00b2\u00b3])")
+_SPACE_THOUSANDS = re.compile(r"(?<![0-9.,])[0-9]{1,3}(?: [0-9]{3})+(?![0-9./])")
+_DECIMAL_COMMA = re.compile(r"-?[0-9]+,[0-9]{2}")  # `1,22`: two digits after a comma are no thousands grouping
 _TRIG = re.compile(r"\\(?:sin|cos|tan|cot|sec|csc)(?![a-zA-Z])")
-_TRIG_DEGREE = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*(?:\^\s*\{?\s*\\circ\s*\}?|\\degree(?![a-zA-Z]))")
+_TRIG_DEGREE = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*(?:\^\s*\{?\s*\\circ\s*\}?|\\degree(?![a-zA-Z])|\u00b0)")
 _AND_OR = re.compile(r"(?<!\s)\s+(?:and|or)\s+")
-_MATH_DELIMS = re.compile(r"\\\$|\$|\\[()\[\]]")
+_MATH_DELIMS = re.compile(r"\\\$|\$|(?<!\\)\\[()\[\]]")
 _PERCENT = re.compile(r"\\%|(?<!\s)\s*\bpercent\b|\\percent(?![a-zA-Z])")
 _TRAIL = " \t\n\r.,;:?"
 _THOUSANDS = re.compile(r"(?<![0-9.,])[0-9]{1,3}(?:,[0-9]{3})+(?![0-9])(?!,[0-9])")
@@ -79,6 +88,8 @@ def _text_command(m: re.Match) -> str:
     body = " ".join(m.group(2).replace("~", " ").split())
     low = body.lower().rstrip(".")
     power = m.group(3) or ""
+    if low in ("degree", "degrees", "deg"):
+        return _DEGREE_MARK
     if not low or low in UNITS:
         return " "
     if low in ("and", "or", ","):
@@ -107,9 +118,11 @@ def _trailing_words(m: re.Match) -> str:
 
 def clean(answer: str) -> str:
     """Return the answer as plain tokenisable LaTeX-ish text (see the module docstring for what is removed)."""
-    s = answer.translate(_UNICODE).replace("~", " ")
+    s = _UNIT_SQUARED.sub(lambda m: "\\text{%s}^%d" % (m.group(1), 2 if m.group(2) == "\u00b2" else 3), answer)
+    s = s.translate(_UNICODE).replace("~", " ")
     if "\\" in s or "{" in s:
         s = _THIN_THOUSANDS.sub("", s)
+        s = _BRACED_COMMA.sub(".", s)
         for _ in range(2):  # a unit inside a text command (`\\text{5 \\text{cm}}`) is removed first
             s = _TEXT_CMD.sub(_text_command, s)
         s = _SIZING.sub("", s)
@@ -119,14 +132,19 @@ def clean(answer: str) -> str:
         s = _BINOM.sub(r"\\binom", s)
         if _TRIG.search(s):  # sin 45^\circ: degrees become radians inside trigonometry
             s = _TRIG_DEGREE.sub(r"{(\1\\pi/180)}", s)
-        s = _DEGREE.sub("", s)
+        s = _DEGREE.sub(_DEGREE_MARK, s)
         s = _REPEATING.sub(_repeating, s)
     s = _MATH_DELIMS.sub("", s)
     s = _AND_OR.sub(", ", s)
     s = _PERCENT.sub("%", s)
     s = s.strip().rstrip(_TRAIL)
+    s = _BARE_DEGREES.sub(_DEGREE_MARK, s)
     s = _BARE_UNIT.sub("", s).rstrip()
     s = _TRAILING_WORDS.sub(_trailing_words, s).rstrip()
+    if " " in s:
+        s = _SPACE_THOUSANDS.sub(lambda m: m.group(0).replace(" ", ""), s)
     if "," in s and not any(c in s for c in "([{"):
+        if _DECIMAL_COMMA.fullmatch(s):
+            return s.replace(",", ".")
         s = _THOUSANDS.sub(lambda m: m.group(0).replace(",", ""), s)
     return s.rstrip(_TRAIL).strip()

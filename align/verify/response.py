@@ -20,25 +20,30 @@ from typing import Callable, NamedTuple
 from align.verify.extract import _SEPARATOR, final_group, find_boxes, join_group
 
 # Final-answer phrases, case-insensitive. What follows may start with "is", ":", "=", "是", "为" (eaten below).
-_PHRASES = [
-    # English
+_POINT_PHRASES = [  # languages that write a decimal point
+    # English, GSM8K's marker
     r"####", r"final\s+answer", r"(?:the\s+)?(?:correct\s+)?answer\s+is", r"\banswer\s*[:：]", r"\banswer\s*=",
     # Chinese, Japanese, Korean
     r"最终答案", r"最后答案", r"答案", r"答\s*[:：]", r"答えは", r"答え\s*[:：]", r"解答\s*[:：]", r"정답은", r"답은",
     r"답\s*[:：]",
+    # Arabic (its decimal separator ٫ is read as a point), Persian, Hindi
+    r"الإجابة\s+النهائية", r"الإجابة\s+هي", r"الجواب\s+هو", r"الإجابة\s*[:：]", r"الجواب\s*[:：]", r"پاسخ\s*[:：]",
+    r"अंतिम\s+उत्तर", r"उत्तर\s+है", r"उत्तर\s*[:：=]",
+]
+_COMMA_PHRASES = [  # languages that write a decimal comma: `2,5` after these is 2.5
     # French, Spanish, Portuguese, Italian, German
     r"r[ée]ponse\s+finale", r"la\s+r[ée]ponse\s+est", r"r[ée]ponse\s*[:：]", r"respuesta\s+final",
     r"la\s+respuesta\s+es", r"respuesta\s*[:：]", r"resposta\s+final", r"a\s+resposta\s+[ée]", r"resposta\s*[:：]",
     r"risposta\s+finale", r"la\s+risposta\s+[èe]", r"risposta\s*[:：]", r"endg[üu]ltige\s+antwort",
     r"die\s+antwort\s+(?:ist|lautet)", r"antwort\s*[:：]",
-    # Russian, Ukrainian
+    # Russian, Ukrainian, Turkish, Vietnamese, Indonesian
     r"окончательный\s+ответ", r"итоговый\s+ответ", r"ответ\s*[:：]", r"ответ\s+(?:равен|—|-)", r"відповідь\s*[:：]",
-    # Arabic, Persian, Hindi, Turkish, Vietnamese, Indonesian
-    r"الإجابة\s+النهائية", r"الإجابة\s+هي", r"الجواب\s+هو", r"الإجابة\s*[:：]", r"الجواب\s*[:：]", r"پاسخ\s*[:：]",
-    r"अंतिम\s+उत्तर", r"उत्तर\s+है", r"उत्तर\s*[:：=]", r"cevap\s*[:：]", r"yan[ıi]t\s*[:：]", r"đáp\s+án",
-    r"jawaban(?:nya)?\s+(?:adalah|:)",
+    r"cevap\s*[:：]", r"yan[ıi]t\s*[:：]", r"đáp\s+án", r"jawaban(?:nya)?\s+(?:adalah|:)",
 ]
-_PHRASE = re.compile("(?i)(?:" + "|".join(_PHRASES) + r")[ \t*]*(?:is\b|est\b|es\b|ist\b|是|为|為|は|:|：|=|—|-)?[ \t*:：]*")
+_TAIL = r"[ \t*]*(?:is\b|est\b|es\b|ist\b|是|为|為|は|:|：|=|—|-)?[ \t*:：]*"
+_PHRASE = re.compile("(?i)(?:(?P<point>" + "|".join(_POINT_PHRASES) + ")|(?P<comma>" + "|".join(_COMMA_PHRASES) + "))"
+                     + _TAIL)
+_COMMA_DECIMAL = re.compile(r"-?[0-9]+,[0-9]+")
 # The end of the phrase's answer: a line break, or sentence punctuation followed by a space or the end.
 _SENTENCE_END = re.compile(r"\n|[.!?](?=\s|$)|[。！？]")
 _DELIM = re.compile(r"(?<!\\)\$\$|(?<!\\)\$|\\\(|\\\)|\\\[|\\\]")
@@ -87,6 +92,8 @@ def _after_phrase(text: str) -> str | None:
         return join_group([s.content for s in _adjacent(rest, spans)])
     end = _SENTENCE_END.search(rest)
     answer = (rest if end is None else rest[:end.start()]).strip(" \t*")
+    if last.group("comma") and _COMMA_DECIMAL.fullmatch(answer):
+        answer = answer.replace(",", ".")
     return answer or None
 
 

@@ -4,6 +4,8 @@ so `x \\le 3` and `(-\\infty, 3]` are the same answer."""
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 from align.verify import algebra as A
 from align.verify.algebra import Scalar
 from align.verify.limits import Budget, Unsupported
@@ -78,7 +80,47 @@ def _interval_from(var_side: str, op: str, bound: Value) -> Interval:
     return Interval(bound, Infinity(1), closed, False)
 
 
-def _inequality(parts: list[Value], ops: list[str]) -> Value:
+def _linear(v: Value, lim: Budget) -> tuple[str, Fraction, Scalar] | None:
+    """(x, a, b) when v = a*x + b with one variable x, a rational a != 0 and a constant b; else None."""
+    if not isinstance(v, Scalar) or v.den is None and not v.num:
+        return None
+    names = v.atoms() - {"pi"}
+    if len(names) != 1 or v.den is not None:
+        return None
+    name = next(iter(names))
+    if not name.startswith("v:"):
+        return None
+    x_mono = (1, ((name, 1),))
+    a = v.num.get(x_mono)
+    if a is None:
+        return None
+    b = A.add(v, A.mul(A.symbol(name), A.const(a), lim), lim, -1)
+    return (name, a, b) if b.is_constant() else None
+
+
+def _solve_linear(lhs: Value, op: str, rhs: Value, lim: Budget) -> Interval | None:
+    """lhs op rhs (op < or <=) as the interval of its one variable, when rhs - lhs is linear in it: `-x > -1` is
+    `x < 1`, `2x + 1 \\le 7` is `(-\\infty, 3]`."""
+    if not isinstance(lhs, Scalar) or not isinstance(rhs, Scalar):
+        return None
+    lin = _linear(A.add(rhs, lhs, lim, -1), lim)
+    if lin is None:
+        return None
+    _, a, b = lin  # a*x + b > 0 (or >= 0)
+    bound = A.div(A.neg(b), A.const(a), lim)
+    return _interval_from("right" if a > 0 else "left", op, bound)
+
+
+def _intersect(a: Interval, b: Interval) -> Interval:
+    """Two half-lines of one variable (from a linear chain) as one interval: their finite ends, whatever side."""
+    lo = a if isinstance(a.hi, Infinity) else b
+    hi = b if lo is a else a
+    if not isinstance(lo.hi, Infinity) or not isinstance(hi.lo, Infinity):
+        raise Unsupported("inequality chain")
+    return Interval(lo.lo, hi.hi, lo.lo_closed, hi.hi_closed)
+
+
+def _inequality(parts: list[Value], ops: list[str], lim: Budget) -> Value:
     if len(parts) == 2:
         op, lhs, rhs = ops[0], parts[0], parts[1]
         if op in _FLIP:
@@ -87,6 +129,9 @@ def _inequality(parts: list[Value], ops: list[str]) -> Value:
             for side, var, bound in (("left", lhs, rhs), ("right", rhs, lhs)):
                 if isinstance(var, Scalar) and A.variable_name(var) and _is_constant(bound):
                     return _interval_from(side, op, bound)
+            solved = _solve_linear(lhs, op, rhs, lim)
+            if solved is not None:
+                return solved
         if not isinstance(lhs, Scalar) or not isinstance(rhs, Scalar):
             raise Unsupported("inequality between non-numbers")
         return Relation(op, lhs, rhs)
@@ -97,6 +142,10 @@ def _inequality(parts: list[Value], ops: list[str]) -> Value:
         if all(o in ("<", "<=") for o in ops) and isinstance(mid, Scalar) and A.variable_name(mid):
             if _is_constant(lo) and _is_constant(hi):
                 return Interval(lo, hi, ops[0] == "<=", ops[1] == "<=")
+        if all(o in ("<", "<=") for o in ops) and _is_constant(lo) and _is_constant(hi):
+            left, right = _solve_linear(lo, ops[0], mid, lim), _solve_linear(mid, ops[1], hi, lim)
+            if left is not None and right is not None:  # `-1 < 2x + 1 < 3`: both sides solve for x
+                return _intersect(left, right)
     raise Unsupported("inequality chain")
 
 
@@ -110,4 +159,4 @@ def relation_value(parts: list[Value], ops: list[str], lim: Budget) -> Value:
         return _equations(parts, lim)
     if "=" in ops:
         raise Unsupported("mixed equation and inequality")
-    return _inequality(parts, ops)
+    return _inequality(parts, ops, lim)

@@ -20,6 +20,29 @@ class Percent:
 
 
 @dataclass(frozen=True, eq=False)
+class Degrees:
+    """`30^\\circ` as written: an angle the gold or prediction says is in degrees (equiv.py: pi/6 is 30 degrees)."""
+
+    value: Scalar
+
+
+@dataclass(frozen=True, eq=False)
+class Based:
+    """`204_5`: an integer written in base `base` (2..36); `value` is what it is worth."""
+
+    digits: str
+    base: int
+    value: Scalar
+
+
+@dataclass(frozen=True, eq=False)
+class Matrix:
+    """`\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}`: rows of entries, compared entry by entry."""
+
+    rows: tuple  # of tuples
+
+
+@dataclass(frozen=True, eq=False)
 class Interval:
     lo: Scalar | Infinity
     hi: Scalar | Infinity
@@ -76,4 +99,4 @@ class Text:
     text: str
 
 
-Value = Scalar | Infinity | Percent | Interval | PairParen | Tuple | List | FiniteSet | Union | Relation | Text
+Value = Scalar | Infinity | Percent | Degrees | Based | Matrix | Interval | PairParen | Tuple | List | FiniteSet | Union | Relation | Text

@@ -23,9 +23,13 @@ from align.verify.normalize import clean
     (r"5 \mathrm{~km}", "5"),
     (r"12 \text{ cookies}", "12"),
     ("3 apples", "3"),
-    (r"30^\circ", "30"),
-    (r"30^{\circ}", "30"),
-    ("30\u00b0", "30"),
+    (r"30^\circ", "30\u00b0"),  # a final degree sign is kept: the answer is an angle in degrees
+    (r"30^{\circ}", "30\u00b0"),
+    ("30\u00b0", "30\u00b0"),
+    ("1 000 000", "1000000"),
+    ("1,22", "1.22"),  # two digits after a comma: a decimal comma
+    ("2{,}5", "2.5"),
+    ("\u0664\u0662", "42"),
     (r"\left( 1, 2 \right]", "( 1, 2 ]"),
     (r"\left.\frac{1}{2}\right.", r"\frac{1}{2}"),
     (r"\dfrac{1}{2}", r"\frac{1}{2}"),

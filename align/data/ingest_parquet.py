@@ -25,11 +25,13 @@ import pyarrow.parquet as pq
 
 from align.data.hub import HttpConfig, is_url
 from align.data.readers import JsonlRows, ParquetRows, open_rows
-from align.data.schema import NORMALISED, RowError, content_hash, to_row, validate
-from align.data.sources import FORMATS, make_record, type_name, type_ok
+from align.data.outcome_agreement import outcome_agreement
+from align.data.schema import NORMALISED, from_row, RowError, content_hash, to_row, validate
+from align.data.sources import FORMATS, make_records, type_name, type_ok
 from align.exceptions import DataError
 from align.utils.fsio import publish_dir, staging_dir
 from align.utils.manifest import write_manifest
+from align.verify.config import VerifyConfig
 
 RECORDS = "records.parquet"
 MANIFEST_KIND = "records"
@@ -42,13 +44,15 @@ WRITE_OPTIONS = dict(compression="zstd", compression_level=3, use_dictionary=Tru
 class SourceConfig:
     """One source file and how its columns map to a record kind (see align.data.sources for the formats)."""
 
-    kind: Literal["sft", "pairs", "prompts"]
-    format: Literal["messages", "prompt_response", "gsm8k", "math", "argilla", "pair_columns", "prompt_answer"]
+    kind: Literal["sft", "pairs", "prompts", "steps"]
+    format: Literal["messages", "prompt_response", "gsm8k", "math", "argilla", "argilla_responses", "pair_columns",
+                    "prompt_answer", "prm800k"]
     path: str = ""  # a local file, relative to the project root; exactly one of path and url
     url: str = ""  # an http(s) URL (e.g. a hub's .../resolve/main/data/train.parquet)
     file_type: Literal["auto", "parquet", "jsonl"] = "auto"  # auto: from the name's suffix
     sha256: str = ""  # the input's expected content hash; "" : not pinned (the manifest records it either way)
     http: HttpConfig = field(default_factory=HttpConfig)  # how a url is fetched
+    verify: VerifyConfig = field(default_factory=VerifyConfig)  # kind "steps": the verifier the labels are held to
     columns: dict[str, str] = field(default_factory=dict)  # logical name -> column name in the file
     id_column: str | None = None  # None: ids are `<source>-<row>`
     group_column: str | None = None  # a stratum (difficulty level, subject); any type, stored as text
@@ -64,10 +68,10 @@ class SourceConfig:
         if self.kind not in FORMATS[self.format].kinds:
             raise ValueError(f"format {self.format!r} makes {' or '.join(FORMATS[self.format].kinds)} records, "
                              f"not {self.kind!r}")
-        unknown = sorted(set(self.columns) - set(FORMATS[self.format].columns))
+        unknown = sorted(set(self.columns) - set(FORMATS[self.format].all_columns()))
         if unknown:
             raise ValueError(f"columns: {unknown[0]!r} is not a column of format {self.format!r}; "
-                             f"its columns: {', '.join(FORMATS[self.format].columns)}")
+                             f"its columns: {', '.join(FORMATS[self.format].all_columns())}")
         if self.batch_rows < 1 or (self.max_rows is not None and self.max_rows < 1):
             raise ValueError("batch_rows and max_rows must be >= 1")
         if not 0.0 <= self.max_reject_fraction <= 1.0:
@@ -82,7 +86,8 @@ class SourceConfig:
 @dataclass
 class IngestStats:
     rows_in: int = 0
-    rows_out: int = 0
+    rows_out: int = 0  # records written (a PRM800K pairs row can make several, or none)
+    rows_empty: int = 0  # valid rows that made no record (a PRM800K row without a rated alternative)
     duplicates: int = 0
     rejected: int = 0
     rejections: list[dict] = field(default_factory=list)
@@ -98,11 +103,14 @@ def column_plan(src: SourceConfig, reader: ParquetRows | JsonlRows) -> dict[str,
     file's columns are its first row's keys; its values are typed row by row (align.data.sources)."""
     plan = {logical: src.columns.get(logical, logical) for logical in FORMATS[src.format].columns}
     names = reader.names()
+    for logical in FORMATS[src.format].optional:  # used when present (a JSONL file: in its first row)
+        if src.columns.get(logical, logical) in names:
+            plan[logical] = src.columns.get(logical, logical)
     for logical, column in plan.items():
         if column not in names:
             raise DataError(f"{reader.label}: missing column {column!r} (format {src.format!r} needs it as "
                             f"{logical!r}); columns present: {', '.join(names) or '(none: no readable first row)'}")
-        expected = FORMATS[src.format].columns[logical]
+        expected = FORMATS[src.format].all_columns()[logical]
         actual = reader.type_of(column)
         if actual is not None and not type_ok(actual, expected):
             raise DataError(f"{reader.label}: column {column!r} has type {actual}, expected {type_name(expected)}")
@@ -134,7 +142,7 @@ def _reject_ceiling(stats: IngestStats, src: SourceConfig, label: str) -> None:
 
 def _column_of(plan: dict[str, str], field_path: str) -> str:
     """`messages[1].role` -> `<file column>[1].role`: the rejection names the column as the file spells it."""
-    base = field_path.split("[")[0]
+    base = field_path.split("[")[0].split(".")[0]
     return plan.get(base, base) + field_path[len(base):]
 
 
@@ -152,17 +160,19 @@ def _write_records(name: str, src: SourceConfig, reader: ParquetRows | JsonlRows
                     raise row
                 rid = str(row["_id"]) if row.get("_id") is not None else f"{name}-{index}"
                 group = "" if row.get("_group") is None else str(row["_group"])
-                record = validate(make_record(src.format, src.kind, row, rid, group))
+                records = [validate(r) for r in make_records(src.format, src.kind, row, rid, group)]
             except RowError as exc:
                 stats.reject(index, _column_of(plan, exc.field), exc.reason)
                 continue
-            digest = content_hash(record)
-            if digest in seen:  # exact duplicate of what a model would see: keep the first
-                stats.duplicates += 1
-                continue
-            seen.add(digest)
-            buffer.append(to_row(record))
-            stats.rows_out += 1
+            stats.rows_empty += not records
+            for record in records:
+                digest = content_hash(record)
+                if digest in seen:  # exact duplicate of what a model would see: keep the first
+                    stats.duplicates += 1
+                    continue
+                seen.add(digest)
+                buffer.append(to_row(record))
+                stats.rows_out += 1
             if len(buffer) >= src.batch_rows:
                 writer.write_table(pa.Table.from_pylist(buffer, schema=schema))
                 buffer.clear()
@@ -184,6 +194,20 @@ def _input_hash(src: SourceConfig, reader: ParquetRows | JsonlRows, stats: Inges
     return digest
 
 
+def iter_records(path: Path, kind: str) -> Iterator:
+    """The records of a `records.parquet`, one row group at a time."""
+    pf = pq.ParquetFile(path)
+    for group in range(pf.num_row_groups):
+        yield from (from_row(kind, row) for row in pf.read_row_group(group).to_pylist())
+
+
+def _agreement(src: SourceConfig, records: Path) -> dict:
+    """Step-labelled records carry the dataset's own final-answer verdicts: how often the verifier agrees."""
+    if src.kind != "steps":
+        return {}
+    return {"outcome_agreement": outcome_agreement(iter_records(records, "steps"), src.verify)}
+
+
 def ingest_source(name: str, src: SourceConfig, out_dir: str | Path, base_dir: str | Path = ".") -> dict:
     """Ingest one source into `out_dir` (published atomically). Returns the manifest."""
     reader = open_rows(src.path, src.url, src.file_type, src.http, Path(base_dir))
@@ -195,8 +219,8 @@ def ingest_source(name: str, src: SourceConfig, out_dir: str | Path, base_dir: s
         inputs = {src.location: _input_hash(src, reader, stats)}
         manifest = write_manifest(staging, MANIFEST_KIND, inputs=inputs, extra={
             "source": name, "record_kind": src.kind, "format": src.format, "rows_in": stats.rows_in,
-            "rows_out": stats.rows_out, "duplicates": stats.duplicates, "rejected": stats.rejected,
-            "rejections": stats.rejections})
+            "rows_out": stats.rows_out, "rows_empty": stats.rows_empty, "duplicates": stats.duplicates,
+            "rejected": stats.rejected, "rejections": stats.rejections, **_agreement(src, staging / RECORDS)})
         publish_dir(staging, out_dir)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)  # nothing half-written survives a failure

@@ -1,8 +1,10 @@
-"""Typed records for the three kinds of training data, their validation, and their normalised parquet layout.
+"""Typed records for the four kinds of training data, their validation, and their normalised parquet layout.
 
 - `Conversation` (kind "sft"): a chat with roles; the assistant turns are what SFT learns.
 - `PreferencePair` (kind "pairs"): a prompt (messages ending with a user turn) and two assistant replies.
 - `OutcomePrompt` (kind "prompts"): a prompt and the gold final answer a verifier checks a completion against.
+- `StepLabelled` (kind "steps"): a prompt, a solution as its steps, a human rating per step (-1 wrong, 0 neutral,
+  1 right; PRM800K's labels: what a process reward model learns) and the gold final answer.
 
 Each record has an `id` (unique within its source) and a `group` (a free-form stratum such as a difficulty level,
 "" when none; evaluation breaks accuracy down by it). Validation raises `RowError(field, reason)`; ingest turns it
@@ -19,7 +21,8 @@ import pyarrow as pa
 from align.utils.fsio import sha256_bytes
 
 ROLES = ("system", "user", "assistant")
-KINDS = ("sft", "pairs", "prompts")
+KINDS = ("sft", "pairs", "prompts", "steps")
+STEP_RATINGS = (-1, 0, 1)
 
 
 class RowError(ValueError):
@@ -61,8 +64,18 @@ class OutcomePrompt:
     group: str = ""
 
 
-Record = Union[Conversation, PreferencePair, OutcomePrompt]
-RECORD_TYPES = {"sft": Conversation, "pairs": PreferencePair, "prompts": OutcomePrompt}
+@dataclass(frozen=True)
+class StepLabelled:
+    id: str
+    prompt: tuple[Message, ...]
+    steps: tuple[str, ...]
+    ratings: tuple[int, ...]  # one per step, in STEP_RATINGS
+    gold: str
+    group: str = ""
+
+
+Record = Union[Conversation, PreferencePair, OutcomePrompt, StepLabelled]
+RECORD_TYPES = {"sft": Conversation, "pairs": PreferencePair, "prompts": OutcomePrompt, "steps": StepLabelled}
 
 
 # ---------------------------------------------------------------------------------------------------- validation
@@ -95,6 +108,17 @@ def _check_messages(field: str, messages: tuple[Message, ...], last: str) -> Non
         raise RowError(field, f"must end with a {last!r} turn")
 
 
+def _check_steps(steps: tuple[str, ...], ratings: tuple[int, ...]) -> None:
+    if not steps:
+        raise RowError("steps", "has no steps")
+    if len(ratings) != len(steps):
+        raise RowError("ratings", f"has {len(ratings)} ratings for {len(steps)} steps")
+    for i, (text, rating) in enumerate(zip(steps, ratings)):
+        _check_text(f"steps[{i}]", text)
+        if rating not in STEP_RATINGS or isinstance(rating, bool):
+            raise RowError(f"ratings[{i}]", f"expected one of -1, 0, 1, got {rating!r}")
+
+
 def validate(record: Record) -> Record:
     """Check one record against its kind's rules; return it unchanged or raise `RowError`."""
     _check_text("id", record.id)
@@ -109,13 +133,17 @@ def validate(record: Record) -> Record:
     elif isinstance(record, OutcomePrompt):
         _check_messages("prompt", record.prompt, last="user")
         _check_text("gold", record.gold)
+    elif isinstance(record, StepLabelled):
+        _check_messages("prompt", record.prompt, last="user")
+        _check_text("gold", record.gold)
+        _check_steps(record.steps, record.ratings)
     else:
         raise TypeError(f"not a record: {type(record).__name__}")
     return record
 
 
 def kind_of(record: Record) -> str:
-    return {Conversation: "sft", PreferencePair: "pairs", OutcomePrompt: "prompts"}[type(record)]
+    return {Conversation: "sft", PreferencePair: "pairs", OutcomePrompt: "prompts", StepLabelled: "steps"}[type(record)]
 
 
 # ---------------------------------------------------------------------------------------------------- identity
@@ -130,6 +158,9 @@ def content_hash(record: Record) -> str:
         body = {"messages": messages_plain(record.messages)}
     elif isinstance(record, PreferencePair):
         body = {"prompt": messages_plain(record.prompt), "chosen": record.chosen, "rejected": record.rejected}
+    elif isinstance(record, StepLabelled):
+        body = {"prompt": messages_plain(record.prompt), "steps": list(record.steps), "ratings": list(record.ratings),
+                "gold": record.gold}
     else:
         body = {"prompt": messages_plain(record.prompt), "gold": record.gold}
     return sha256_bytes(json.dumps([kind_of(record), body], sort_keys=True, ensure_ascii=False).encode())
@@ -145,6 +176,9 @@ NORMALISED = {
                         ("chosen", pa.string()), ("rejected", pa.string()), ("content_hash", pa.string())]),
     "prompts": pa.schema([("id", pa.string()), ("group", pa.string()), ("prompt", MESSAGES_TYPE),
                           ("gold", pa.string()), ("content_hash", pa.string())]),
+    "steps": pa.schema([("id", pa.string()), ("group", pa.string()), ("prompt", MESSAGES_TYPE),
+                        ("steps", pa.list_(pa.string())), ("ratings", pa.list_(pa.int8())), ("gold", pa.string()),
+                        ("content_hash", pa.string())]),
 }
 
 
@@ -157,6 +191,8 @@ def to_row(record: Record) -> dict:
         row["prompt"] = messages_plain(record.prompt)
         if isinstance(record, PreferencePair):
             row.update(chosen=record.chosen, rejected=record.rejected)
+        elif isinstance(record, StepLabelled):
+            row.update(steps=list(record.steps), ratings=list(record.ratings), gold=record.gold)
         else:
             row["gold"] = record.gold
     return row
@@ -174,4 +210,7 @@ def from_row(kind: str, row: dict) -> Record:
         return PreferencePair(row["id"], _messages(row["prompt"]), row["chosen"], row["rejected"], row["group"])
     if kind == "prompts":
         return OutcomePrompt(row["id"], _messages(row["prompt"]), row["gold"], row["group"])
+    if kind == "steps":
+        return StepLabelled(row["id"], _messages(row["prompt"]), tuple(row["steps"]), tuple(row["ratings"]),
+                            row["gold"], row["group"])
     raise ValueError(f"unknown record kind {kind!r}; expected one of {', '.join(KINDS)}")

@@ -10,8 +10,16 @@ columns with default names; a source config can rename them (`columns = { questi
 | gsm8k           | question (string), answer (string, `#### N`)  | sft, prompts   |
 | math            | problem (string), solution (string, \\boxed)   | sft, prompts   |
 | argilla         | chosen, rejected (list<struct<role, content>>) | pairs          |
+| argilla_responses | instruction, chosen_response, rejected_response (string); optional chosen_rating, rejected_rating (number) | pairs |
 | pair_columns    | prompt, chosen, rejected (string)             | pairs          |
 | prompt_answer   | prompt (string), answer (string)              | prompts        |
+| prm800k         | question, label (objects: PRM800K's JSONL)     | steps, pairs   |
+
+`math` takes an optional `answer` column (MATH-500's layout): when present it is the gold, else the last `\boxed{}`
+of the solution. `argilla_responses` is the layout of Argilla's exported preference datasets (one instruction, the
+chosen and rejected responses and their ratings); a row whose chosen rating is not above its rejected rating is a
+rejection, not a pair. `prm800k` rows (align.data.prm800k) become one step-labelled record, or several step-level
+preference pairs.
 
 GSM8K solutions become worked solutions in the bundled task's style: calculator annotations `<<48/2=24>>` are
 dropped and the final `#### N` line becomes `The answer is \\boxed{N}.`, so every SFT source teaches one answer
@@ -20,29 +28,37 @@ format, the one the verifier reads."""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pyarrow as pa
 
+from align.data.prm800k import prm800k_records
 from align.data.schema import Conversation, Message, OutcomePrompt, PreferencePair, Record, RowError
 
-TEXT, MESSAGES = "text", "messages"
+TEXT, MESSAGES, OBJECT, NUMBER = "text", "messages", "object", "number"
 
 
 @dataclass(frozen=True)
 class Format:
-    columns: dict[str, str]  # logical column -> TEXT | MESSAGES
+    columns: dict[str, str]  # logical column -> TEXT | MESSAGES | OBJECT | NUMBER
     kinds: tuple[str, ...]
+    optional: dict[str, str] = field(default_factory=dict)  # used when the file has them
+
+    def all_columns(self) -> dict[str, str]:
+        return {**self.columns, **self.optional}
 
 
 FORMATS = {
     "messages": Format({"messages": MESSAGES}, ("sft",)),
     "prompt_response": Format({"prompt": TEXT, "response": TEXT}, ("sft",)),
     "gsm8k": Format({"question": TEXT, "answer": TEXT}, ("sft", "prompts")),
-    "math": Format({"problem": TEXT, "solution": TEXT}, ("sft", "prompts")),
+    "math": Format({"problem": TEXT, "solution": TEXT}, ("sft", "prompts"), {"answer": TEXT}),
     "argilla": Format({"chosen": MESSAGES, "rejected": MESSAGES}, ("pairs",)),
+    "argilla_responses": Format({"instruction": TEXT, "chosen_response": TEXT, "rejected_response": TEXT},
+                                ("pairs",), {"chosen_rating": NUMBER, "rejected_rating": NUMBER}),
     "pair_columns": Format({"prompt": TEXT, "chosen": TEXT, "rejected": TEXT}, ("pairs",)),
     "prompt_answer": Format({"prompt": TEXT, "answer": TEXT}, ("prompts",)),
+    "prm800k": Format({"question": OBJECT, "label": OBJECT}, ("steps", "pairs")),
 }
 
 
@@ -52,6 +68,10 @@ def type_ok(arrow_type: pa.DataType, expected: str) -> bool:
     """Whether a parquet column's type can carry a logical column of type TEXT or MESSAGES."""
     if expected == TEXT:
         return pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type)
+    if expected == OBJECT:
+        return pa.types.is_struct(arrow_type)
+    if expected == NUMBER:
+        return pa.types.is_integer(arrow_type) or pa.types.is_floating(arrow_type)
     if not (pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type)):
         return False
     item = arrow_type.value_type
@@ -62,7 +82,8 @@ def type_ok(arrow_type: pa.DataType, expected: str) -> bool:
 
 
 def type_name(expected: str) -> str:
-    return "string" if expected == TEXT else "list<struct<role: string, content: string>>"
+    return {TEXT: "string", OBJECT: "struct", NUMBER: "a number"}.get(expected,
+                                                                      "list<struct<role: string, content: string>>")
 
 
 # ---------------------------------------------------------------------------------------------------- answers
@@ -99,7 +120,9 @@ def last_boxed(text: str) -> str | None:
     return None
 
 
-def math_gold(solution: str) -> str:
+def math_gold(solution: str, answer: str | None = None) -> str:
+    if answer is not None and answer.strip():  # MATH-500 states the answer beside the solution
+        return answer.strip()
     gold = last_boxed(solution)
     if not gold:
         raise RowError("solution", "has no complete non-empty \\boxed{...} answer")
@@ -134,15 +157,43 @@ def _split_argilla(chosen: tuple[Message, ...], rejected: tuple[Message, ...]) -
     return chosen[:-1], chosen[-1].content, rejected[-1].content
 
 
+def _check_types(fmt: str, row: dict) -> None:
+    """Required columns non-null, every present value of its logical type (a JSONL row's values are untyped)."""
+    for col, expected in FORMATS[fmt].all_columns().items():
+        value = row.get(col)
+        if value is None:
+            if col in FORMATS[fmt].columns:
+                raise RowError(col, "is null")
+            continue
+        if expected == TEXT and not isinstance(value, str):
+            raise RowError(col, f"expected a string, got {type(value).__name__}")
+        if expected == TEXT and not value.strip():
+            raise RowError(col, "is empty")  # named here, as the file's column, not as a record field
+        if expected == OBJECT and not isinstance(value, dict):
+            raise RowError(col, f"expected an object, got {type(value).__name__}")
+        if expected == NUMBER and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise RowError(col, f"expected a number, got {type(value).__name__}")
+
+
+def _argilla_responses(row: dict, rid: str, group: str) -> PreferencePair:
+    chosen, rejected = row.get("chosen_rating"), row.get("rejected_rating")
+    if chosen is not None and rejected is not None and not chosen > rejected:
+        raise RowError("chosen_rating", f"{chosen} is not above rejected_rating {rejected} (a tie or an "
+                                        "inverted pair teaches no preference)")
+    return PreferencePair(rid, _user(row["instruction"]), row["chosen_response"], row["rejected_response"], group)
+
+
+def make_records(fmt: str, kind: str, row: dict, rid: str, group: str) -> list[Record]:
+    """The records of one row (one, except PRM800K pairs: one per rated alternative), or `RowError`."""
+    if fmt == "prm800k":
+        _check_types(fmt, row)
+        return prm800k_records(kind, row, rid, group)
+    return [make_record(fmt, kind, row, rid, group)]
+
+
 def make_record(fmt: str, kind: str, row: dict, rid: str, group: str) -> Record:
     """One record from one row (logical column names), or `RowError` naming the logical column."""
-    for col, expected in FORMATS[fmt].columns.items():
-        if row.get(col) is None:
-            raise RowError(col, "is null")
-        if expected == TEXT and not isinstance(row[col], str):  # a JSONL value: parquet types were checked
-            raise RowError(col, f"expected a string, got {type(row[col]).__name__}")
-        if expected == TEXT and not row[col].strip():
-            raise RowError(col, "is empty")  # named here, as the file's column, not as a record field
+    _check_types(fmt, row)
     if fmt == "messages":
         return Conversation(rid, _messages("messages", row["messages"]), group)
     if fmt == "prompt_response":
@@ -151,17 +202,17 @@ def make_record(fmt: str, kind: str, row: dict, rid: str, group: str) -> Record:
         prompt, chosen, rejected = _split_argilla(_messages("chosen", row["chosen"]),
                                                   _messages("rejected", row["rejected"]))
         return PreferencePair(rid, prompt, chosen, rejected, group)
+    if fmt == "argilla_responses":
+        return _argilla_responses(row, rid, group)
     if fmt == "pair_columns":
         return PreferencePair(rid, _user(row["prompt"]), row["chosen"], row["rejected"], group)
     if fmt == "prompt_answer":
         return OutcomePrompt(rid, _user(row["prompt"]), row["answer"].strip(), group)
     question, worked, gold_of, solution_of = {
         "gsm8k": ("question", "answer", gsm8k_gold, gsm8k_solution),
-        "math": ("problem", "solution", math_gold, lambda s: s.strip()),
+        "math": ("problem", "solution", lambda s: math_gold(s, row.get("answer")), lambda s: s.strip()),
     }[fmt]
     if kind == "prompts":
         return OutcomePrompt(rid, _user(row[question]), gold_of(row[worked]), group)
     gold_of(row[worked])  # an SFT target without a final answer teaches nothing checkable: reject it
     return Conversation(rid, (Message("user", row[question]), Message("assistant", solution_of(row[worked]))), group)
-
-

@@ -35,7 +35,12 @@ def main() -> int:
     write_resolved_config(cfg, run_dir)
     root = Path(os.environ.get("ALIGN_ROOT", "."))
     manifest = ingest_source(cfg.source, cfg.sources[cfg.source], run_dir / "out", base_dir=root)
-    atomic_write_json(run_dir / "metrics.json", {k: manifest[k] for k in METRIC_KEYS})
+    metrics = {k: manifest[k] for k in METRIC_KEYS}
+    if "outcome_agreement" in manifest:  # step-labelled data: the verifier against the dataset's own verdicts
+        metrics["outcome_agreement"] = {k: v for k, v in manifest["outcome_agreement"].items() if k != "disagreements"}
+        print(f"ingest:{cfg.source}: verifier agrees with the final-answer labels on "
+              f"{manifest['outcome_agreement']['agreement']} of {manifest['outcome_agreement']['compared']}")
+    atomic_write_json(run_dir / "metrics.json", metrics)
     print(f"ingest:{cfg.source}: {manifest['rows_out']} of {manifest['rows_in']} rows kept "
           f"({manifest['duplicates']} duplicates, {manifest['rejected']} rejected) -> {run_dir / 'out'}")
     return 0

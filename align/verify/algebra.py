@@ -286,7 +286,7 @@ def _square_split(n: int, lim: Budget) -> tuple[int, int]:
 def sqrt(a: Scalar, lim: Budget) -> Scalar:
     q = a.rational()
     if q is None:
-        return opaque("sqrt", a)
+        return _monomial_root(a, 2, lim)
     if q < 0:
         raise Unsupported("square root of a negative number")
     n, d = q.numerator * q.denominator, q.denominator
@@ -307,7 +307,7 @@ def root(a: Scalar, k: int, lim: Budget) -> Scalar:
         raise Unsupported(f"root of degree {k}")
     q = a.rational()
     if q is None:
-        return opaque(f"root{k}", a)
+        return _monomial_root(a, k, lim)
     if q < 0 and k % 2 == 0:
         raise Unsupported("even root of a negative number")
     p, d = abs(q.numerator), q.denominator
@@ -315,6 +315,28 @@ def root(a: Scalar, k: int, lim: Budget) -> Scalar:
     if rp**k == p and rd**k == d:
         return const(Fraction(rp, rd) * (1 if q >= 0 else -1))
     return opaque(f"root{k}", a)
+
+
+def _monomial_root(a: Scalar, k: int, lim: Budget) -> Scalar:
+    """The k-th root of c * x^n * ... as a product of atom roots: `\\sqrt[3]{x^2}` is `\\sqrt[3]{x}^2`, which is
+    how `x^{2/3}` is read too (power() raises first, then roots). Odd k; a square root only of odd powers (x^3 is
+    real only for x >= 0, where its root is x sqrt(x); the root of x^2 is |x|, left alone)."""
+    name_k = "sqrt" if k == 2 else f"root{k}"  # the same atom name sqrt() has always given
+    if a.den is not None or len(a.num) != 1:
+        return opaque(name_k, a)
+    ((r, names), c), = a.num.items()
+    if k % 2 == 0 and (k != 2 or any(n % 2 == 0 for _, n in names)):
+        return opaque(name_k, a)
+    coef = root(const(c), k, lim)
+    if r != 1 or coef.rational() is None or any(not n.startswith("v:") for n, _ in names):
+        return opaque(name_k, a)
+    out = coef
+    for name, n in names:  # x^n = x^(q k + m): its k-th root is x^q * root_k(x)^m, 0 <= m < k
+        whole, rest = divmod(n, k)
+        out = mul(out, power_int(symbol(name), whole, lim) if whole else const(1), lim)
+        if rest:
+            out = mul(out, power_int(opaque("sqrt" if k == 2 else f"root{k}", symbol(name)), rest, lim), lim)
+    return out
 
 
 def power(a: Scalar, e: Scalar, lim: Budget) -> Scalar:
@@ -326,4 +348,6 @@ def power(a: Scalar, e: Scalar, lim: Budget) -> Scalar:
         return power_int(a, q.numerator, lim)
     if q.denominator > 64:
         return opaque("pow", a, e)
+    if a.rational() is None and q.numerator > 0:  # x^{4/3} = root_3(x^4) = x * root_3(x): one canonical form
+        return root(power_int(a, q.numerator, lim), q.denominator, lim)
     return power_int(root(a, q.denominator, lim), q.numerator, lim)

@@ -48,7 +48,7 @@ def _parse(s: str, cfg: VerifyConfig) -> Value:
         return A.Scalar({A.ONE_MONO: q} if q else {}, None, s if "." in s else None)
     text_only = _TEXT_ONLY.fullmatch(s)
     if text_only:
-        return Text(" ".join(text_only.group(1).split()))
+        return Text(" ".join(text_only.group(1).lower().split()))
     if _WORDS.fullmatch(s) and _LONG_WORD.search(s):
         return Text(" ".join(s.lower().split()))
     budget = make_budget(cfg)

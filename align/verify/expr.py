@@ -40,6 +40,17 @@ def as_scalar(v: Value) -> Scalar:
     raise Unsupported(f"arithmetic on {type(v).__name__}")
 
 
+def lift(op, a: Value, b: Value) -> Value:
+    """op(a, b) on Scalars; over a `\\pm` set it applies to each element (at most 8)."""
+    if isinstance(a, FiniteSet) and a.from_pm or isinstance(b, FiniteSet) and b.from_pm:
+        xs = a.items if isinstance(a, FiniteSet) else (a,)
+        ys = b.items if isinstance(b, FiniteSet) else (b,)
+        if len(xs) * len(ys) > 8:
+            raise OverBudget("too many \\pm")
+        return FiniteSet(tuple(op(as_scalar(x), as_scalar(y)) for x in xs for y in ys), from_pm=True)
+    return op(as_scalar(a), as_scalar(b))
+
+
 def literal(text: str, lim: Budget) -> Scalar:
     """A numeric literal, exactly: "0.1" is 1/10; "1.5e3" is 1500 (exponent size checked before computing)."""
     mantissa, _, exponent = text.lower().partition("e")
@@ -60,6 +71,12 @@ class Parser:
         self.b = budget
         self.depth = 0
         self.max_depth = max_depth
+
+    def _mul(self, a: Scalar, b: Scalar) -> Scalar:
+        return A.mul(a, b, self.b)
+
+    def _div(self, a: Scalar, b: Scalar) -> Scalar:
+        return A.div(a, b, self.b)
 
     # -- token helpers
     def peek(self) -> Token:
@@ -107,7 +124,7 @@ class Parser:
         return v
 
     def relation(self) -> Value:
-        parts, ops = [self.additive()], []
+        parts, ops = [self.function_name() or self.additive()], []
         while True:
             t = self.peek()
             op = _RELOPS.get(t.text) if t.kind in ("op", "cmd") else None
@@ -117,6 +134,16 @@ class Parser:
             ops.append(op)
             parts.append(self.additive())
         return relation_value(parts, ops, self.b) if ops else parts[0]
+
+    def function_name(self) -> Scalar | None:
+        """`f(x) = 3x`: a one-letter function of one variable left of `=` names the answer like a variable."""
+        t = self.toks[self.i:self.i + 5]
+        if (len(t) == 5 and t[0].kind == "id" and t[1].text == "(" and t[2].kind == "id" and t[3].text == ")"
+                and t[4].kind == "op" and t[4].text == "="):
+            self.i += 4
+            self.b.spend(4)
+            return A.symbol(f"v:{t[0].text}({t[2].text})")
+        return None
 
     def additive(self) -> Value:
         plus_minus = self.is_cmd("\\pm", "\\mp")
@@ -141,7 +168,7 @@ class Parser:
                     raise OverBudget("too many \\pm")
             else:
                 break
-        return FiniteSet(tuple(vals)) if plus_minus else vals[0]
+        return FiniteSet(tuple(vals), from_pm=True) if plus_minus else vals[0]
 
     def term(self) -> Value:
         v = self.unary()
@@ -149,12 +176,12 @@ class Parser:
             t = self.peek()
             if (t.kind == "op" and t.text == "*") or (t.kind == "cmd" and t.text in _TIMES):
                 self.take()
-                v = A.mul(as_scalar(v), as_scalar(self.unary()), self.b)
+                v = lift(self._mul, v, self.unary())
             elif (t.kind == "op" and t.text == "/") or (t.kind == "cmd" and t.text == "\\div"):
                 self.take()
-                v = A.div(as_scalar(v), as_scalar(self.unary()), self.b)
+                v = lift(self._div, v, self.unary())
             elif t.kind == "id" or (t.kind == "cmd" and t.text in _IMPLICIT_CMDS) or (t.kind == "op" and t.text == "("):
-                v = A.mul(as_scalar(v), as_scalar(self.power()), self.b)
+                v = lift(self._mul, v, self.power())
             elif t.kind == "num":
                 raise Unsupported("two numbers side by side")
             else:
@@ -353,8 +380,8 @@ class Parser:
     def command(self, name: str) -> Value:
         b = self.b
         if name == "\\frac":
-            num = as_scalar(self.arg())
-            return A.div(num, as_scalar(self.arg()), b)
+            num = self.arg()
+            return lift(self._div, num, self.arg())
         if name == "\\sqrt":
             k = 2
             if self.is_op("["):

@@ -53,6 +53,8 @@ _HEDGE = re.compile(r"(?i)\b(?:or|either|maybe|perhaps|possibly|probably|approxi
                     r"|или|أو|या)\b|或")
 _MATHY = re.compile(r"[\\{}^_=<>]")  # a sentence with these is an expression, not prose around one number
 _MAX_SPAN = 2_000
+_NOT_WORDS = re.compile(r"[^a-zA-Z\s.,!?]")
+_TRAILING_PARTICLES = re.compile(r"[\s\u3040-\u30ff\u4e00-\u9fff\uac00-\ud7af]+$")  # です, 입니다, 。: not the answer
 
 
 class Span(NamedTuple):
@@ -91,7 +93,7 @@ def _after_phrase(text: str) -> str | None:
     if spans and not rest[:spans[0].start].strip(" \t*"):
         return join_group([s.content for s in _adjacent(rest, spans)])
     end = _SENTENCE_END.search(rest)
-    answer = (rest if end is None else rest[:end.start()]).strip(" \t*")
+    answer = _TRAILING_PARTICLES.sub("", rest if end is None else rest[:end.start()]).strip(" \t*")
     if last.group("comma") and _COMMA_DECIMAL.fullmatch(answer):
         answer = answer.replace(",", ".")
     return answer or None
@@ -118,7 +120,7 @@ def _last_number(text: str) -> str | None:
     sentence = text[start:]
     end = _SENTENCE_END.search(sentence, last.end() - start)
     sentence = sentence if end is None else sentence[:end.start()]
-    if len(_NUMBER.findall(sentence)) != 1 or _HEDGE.search(sentence) or _MATHY.search(sentence):
+    if len(_NUMBER.findall(sentence)) != 1 or _HEDGE.search(sentence) or _MATHY.search(sentence.replace("\\$", "")):
         return None
     return last.group()
 
@@ -146,13 +148,26 @@ def extract(response: str, max_chars: int, fallback: bool = False,
     return Extraction(answer, 0, source)
 
 
+def _answer_shaped(text: str, spans: list[Span]) -> bool:
+    """Could the whole text be one answer? Not prose around math (`So $x = 25$.`: math delimiters inside it) and not
+    a sentence of words (`So we get tuesday`: a word answer has at most 4 words)."""
+    body = text.strip()
+    if not body:
+        return False
+    if spans and not (len(spans) == 1 and spans[0].start == len(text) - len(text.lstrip()) and spans[0].end == len(text.rstrip())):
+        return False
+    if not spans and _DELIM.search(body):
+        return False
+    return bool(_NOT_WORDS.search(body)) or len(body.split()) <= 4
+
+
 def _unboxed_answer(text: str, readable: Callable[[str], bool] | None) -> tuple[str | None, str]:
     found = _after_phrase(text)
     if found is not None:
         return found, "phrase"
-    if readable is not None and text.strip() and readable(text):
-        return text, "whole"
     spans = math_spans(text)
+    if readable is not None and _answer_shaped(text, spans) and readable(text):
+        return text, "whole"
     if spans:
         return _span_group(text, spans), "span"
     number = _last_number(text)

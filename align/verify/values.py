@@ -76,6 +76,7 @@ class FiniteSet:
     """Order-free, duplicates irrelevant: `\\{1, 2\\}`, `1 \\pm 2`."""
 
     items: tuple
+    from_pm: bool = False  # made by `\\pm`: arithmetic applies to each element (`\\frac{-1 \\pm \\sqrt5}{2}`)
 
 
 @dataclass(frozen=True, eq=False)

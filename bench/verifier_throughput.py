@@ -10,7 +10,10 @@ CPU second of this process (the machine's cores are shared; the CPU-second rates
 
 align runs cold (its memo cleared before the timed pass, so every answer is parsed) and warm (second pass, the GRPO
 case where a group shares one gold). math_verify runs in this process's main thread with TRL's timeouts. Also
-reported: align's worst single-call latency on the corpus' adversarial cases (tests/verify/corpus.txt).
+reported: align's worst single-call latency on the corpus' adversarial cases (tests/verify/corpus.txt), and the
+`equiv_*` keys: `are_equivalent` on the equivalence corpus (tests/verify/equiv_corpus.txt, answers and whole
+responses on either side) beside math_verify's default `verify(parse(gold), parse(pred))`, with each one's number
+of right verdicts against the corpus labels.
 
     .venv/bin/python bench/verifier_throughput.py [--pairs 2000] [--seed 0] [--mv-pairs 2000]
 """
@@ -176,6 +179,37 @@ def _time_math_verify(pairs) -> tuple[float, float, list[bool]] | None:
     return time.perf_counter() - t0, time.process_time() - c0, out
 
 
+def _equiv_corpus() -> dict:
+    """are_equivalent on tests/verify/equiv_corpus.txt (bare answers, spans, whole and multilingual responses on
+    either side) beside math_verify's default verify(parse(gold), parse(pred)), both scored against the labels."""
+    from verify_corpus import load_corpus
+
+    from align.verify import are_equivalent
+
+    cases = load_corpus(ROOT / "tests" / "verify" / "equiv_corpus.txt")
+    labels = [c.expected == 1.0 for c in cases]
+    _read_cached.cache_clear()
+    t0, c0 = time.perf_counter(), time.process_time()
+    ours = [are_equivalent(c.gold, c.response) is True for c in cases]
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    out = {"equiv_cases": len(cases), "equiv_align_calls_per_s_cold": round(len(cases) / wall),
+           "equiv_align_calls_per_cpu_s_cold": round(len(cases) / cpu),
+           "equiv_align_right": sum(a == t for a, t in zip(ours, labels))}
+    try:
+        from math_verify import parse, verify
+    except ImportError:
+        return out
+    logging.disable(logging.CRITICAL)
+    t0, c0 = time.perf_counter(), time.process_time()
+    theirs = [bool(verify(parse(c.gold, parsing_timeout=10), parse(c.response, parsing_timeout=10), timeout_seconds=5))
+              for c in cases]
+    mv_wall, mv_cpu = time.perf_counter() - t0, time.process_time() - c0
+    out.update({"equiv_math_verify_calls_per_s": round(len(cases) / mv_wall, 1),
+                "equiv_math_verify_right": sum(m == t for m, t in zip(theirs, labels)),
+                "equiv_speedup_cold": round(mv_wall / wall, 1), "equiv_speedup_cold_cpu": round(mv_cpu / cpu, 1)})
+    return out
+
+
 def _adversarial_worst_ms() -> tuple[float, int]:
     from verify_corpus import load_corpus
 
@@ -225,6 +259,7 @@ def main() -> None:
             "speedup_cold": round((len(pairs) / cold_s) / (n / mv_s), 1),
             "speedup_cold_cpu": round((len(pairs) / cold_cpu) / (n / mv_cpu), 1),
         })
+    result.update(_equiv_corpus())
     print(json.dumps(result))
 
 

@@ -1,8 +1,48 @@
-"""Math answer verification: exact, bounded, pure stdlib. See docs/ARCHITECTURE.md (## verify).
+"""Math answer verification: exact, bounded, pure stdlib, never `eval`. See docs/ARCHITECTURE.md (## verify).
 
     are_equivalent(gold, pred) -> True | False | None   (None: the gold itself cannot be read)
-    is_readable(answer) -> bool
-    extract_answer(response, fallback=False) -> str | None
+    compare(gold, pred) -> (verdict, reason);  compare_answers(gold_answer, pred_answer): the same, no extraction
+    answer_of(text) -> str | None;  is_readable(answer) -> bool;  extract_answer(response, fallback=False)
+
+Either side may be a bare answer, `$...$`, `$$...$$`, `\\(...\\)`, `\\[...\\]`, a boxed answer or a whole solution
+text. The final answer is found in this order (response.py): the last box (adjacent boxes: one list); the last
+final-answer phrase ("the answer is", "Final Answer:", "####", 答案是, 答：, 答えは, 정답은, la réponse est,
+la respuesta es, a resposta é, la risposta è, die Antwort ist, Ответ:, Відповідь:, الإجابة هي, الجواب هو,
+उत्तर है, अंतिम उत्तर, Cevap:, Đáp án, Jawabannya adalah, پاسخ:) and the math span or sentence after it; the whole
+text when it reads as one answer; the last math span (adjacent spans: one list); the last number when it is the
+only number of the last sentence and no hedge word is near. The GRPO reward (align/eval/verifier.py) reads only
+boxes (its format rule) and then calls compare_answers: the comparison is the same code.
+
+What it reads, with an example of each form (gold ~ pred, both True):
+    numbers       `1000` ~ `1,000`, `1 000`, `1\\,000`, `10{,}000` (thousands); `1.22` ~ `1,22`, "La réponse est 2,5"
+                  (decimal comma: two digits after it, or after a decimal-comma language's phrase); `٤٢`, `४२` (digits)
+    fractions     `\\frac{1}{2}` ~ `\\dfrac12`, `\\tfrac{1}{2}`, `1/2`, `0.5`; `0.\\overline{3}` ~ `\\frac13`
+    mixed         `9999 \\frac{6}{7}` ~ `\\frac{69999}{7}`; `2 1/2` ~ `2.5`
+    roots         `2\\sqrt2` ~ `\\sqrt{8}`; `\\sqrt[3]{x}^2` ~ `x^{2/3}`; `\\frac{\\sqrt2}{2}` ~ `\\frac{1}{\\sqrt2}`
+    constants     `\\frac{\\pi}{4}` ~ `\\pi/4`; `e^2`; `\\infty`; a gold decimal of >= 3 digits accepts what rounds to it
+    scientific    `1.5 \\times 10^{3}` ~ `1500`, `1.5e3`
+    percent       `25\\%` ~ `25`, `0.25`, `\\frac14` (VerifyConfig.percent)
+    units         `18` ~ `\\$18`, `18 €`, `18 dollars`; `12` ~ `12 m²`, `12\\text{ cm}^2` (VerifyConfig.units="match": the
+                  gold's unit must be there: `5\\text{ cm}` is not `5 m`)
+    degrees       `30^\\circ` ~ `30`, `\\frac{\\pi}{6}`; `\\frac{\\pi}{6}` ~ `30^\\circ` (but not `30`: the gold says radians)
+    base n        `204_5` ~ `204_{5}`, `204` (the digits the question asked for); not `54`
+    matrices      `\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}` ~ the same in `bmatrix` / `array`, entry by entry;
+                  a one-column or one-row matrix ~ the tuple `(1, 2)`
+    intervals     `(-\\infty, 3]` ~ `x \\le 3`; `[-2, 7]` ~ `x \\in [-2, 7]`, `-2 \\le x \\le 7`; unions in any order;
+                  `(-\\infty,-1) \\cup (2,\\infty)` ~ `x < -1 \\text{ or } x > 2`
+    inequalities  solution sets: `x < 1` ~ `-x > -1`, `2x + 1 \\le 7` ~ `x \\le 3`, `-1 \\le 2x+1 < 3` ~ `[-1, 1)`
+    equations     `y = 2x + 1` ~ `2x + 1` (VerifyConfig.assignment_is_value), `2y = 4x + 2`, `1 + 2x = y`; `f(x) = 3x` ~ `3x`
+    lists, sets   `10, 4, -2` is ordered (not `4, 10, -2`) unless the gold is a set `\\{10, 4, -2\\}` or
+                  VerifyConfig.unordered_lists; `1 \\pm \\sqrt2` ~ `1-\\sqrt2, 1+\\sqrt2`; `\\emptyset` ~ `\\varnothing`
+    tuples        `(1, 2)` ~ `\\left(1,2\\right)`, `\\langle 1, 2 \\rangle`; `(1, 2)` is also the open interval
+    text          `\\text{Evelyn}` ~ `Evelyn`, `\\textbf{evelyn}`; `\\text{(C)}` ~ `C`
+
+What it refuses (False for a prediction, None for a gold): hedges (`5 \\text{ or } 7`, two different boxes, "5 or 7",
+`5 \\text{ maybe}`, an inequality or interval where a number is asked, `\\{5, 7\\}` for 5); false equations
+(`2 + 2 = 5`); number words (`4 \\text{ thousand}`); unclosed or empty boxes; unknown commands and environments;
+look-alike digits (`𝟓`); anything over a bound of VerifyConfig (characters, nesting, steps, bits, digits, terms):
+`10^{10^{10}}`, 10,000 nested braces, a 100k-character answer, a 5,000-entry matrix. Bounds are counts, never
+timers, so a call costs the same in any thread or process.
 """
 
 from __future__ import annotations

@@ -80,3 +80,41 @@ def test_compare_says_why():
     assert compare("5", "6") == (False, "different")
     verdict, why = compare("5", r"\frac{")
     assert verdict is False and why.startswith("prediction unreadable (Unsupported")
+
+
+DOCUMENTED = [  # the examples of align/verify/__init__.py's docstring, each form it says it reads
+    ("1000", "1 000"), ("1000", r"1\,000"), ("10000", "10{,}000"), ("1.22", "1,22"), ("2.5", "La réponse est 2,5"),
+    ("42", "\u0664\u0662"), ("42", "\u096a\u0968"), (r"\frac{1}{2}", r"\dfrac12"), (r"0.\overline{3}", r"\frac13"),
+    (r"9999 \frac{6}{7}", r"\frac{69999}{7}"), ("2.5", "2 1/2"), (r"2\sqrt2", r"\sqrt{8}"),
+    (r"\sqrt[3]{x}^2", "x^{2/3}"), (r"\frac{\sqrt2}{2}", r"\frac{1}{\sqrt2}"), (r"\frac{\pi}{4}", r"\pi/4"),
+    (r"1.5 \times 10^{3}", "1.5e3"), (r"25\%", r"\frac14"), ("18", "18 \u20ac"), ("18", r"\$18"),
+    ("12", "12 m\u00b2"), ("12", r"12\text{ cm}^2"), (r"30^\circ", r"\frac{\pi}{6}"), (r"\frac{\pi}{6}", r"30^\circ"),
+    ("204_5", "204_{5}"), ("204_5", "204"),
+    (r"\begin{pmatrix} 1 & 2 \\ 3 & 4 \end{pmatrix}", r"\begin{array}{cc} 1 & 2 \\ 3 & 4 \end{array}"),
+    (r"\begin{pmatrix} 1 \\ 2 \end{pmatrix}", "(1, 2)"), (r"(-\infty, 3]", r"x \le 3"), ("[-2, 7]", r"x \in [-2, 7]"),
+    ("[-2, 7]", r"-2 \le x \le 7"), (r"(-\infty,-1) \cup (2,\infty)", r"x < -1 \text{ or } x > 2"),
+    ("x < 1", "-x > -1"), (r"2x + 1 \le 7", r"x \le 3"), (r"-1 \le 2x+1 < 3", "[-1, 1)"), ("y = 2x + 1", "2x + 1"),
+    ("y = 2x + 1", "2y = 4x + 2"), ("y = 2x + 1", "1 + 2x = y"), ("f(x) = 3x", "3x"), (r"\{10, 4, -2\}", "4, 10, -2"),
+    (r"1 \pm \sqrt2", r"1-\sqrt2, 1+\sqrt2"), (r"\emptyset", r"\varnothing"), ("(1, 2)", r"\langle 1, 2 \rangle"),
+    (r"\text{Evelyn}", r"\textbf{evelyn}"), (r"\text{(C)}", "C"),
+]
+
+
+@pytest.mark.parametrize("gold, pred", DOCUMENTED)
+def test_documented_forms_are_read(gold, pred):
+    assert are_equivalent(gold, pred) is True
+
+
+@pytest.mark.parametrize("gold, pred, cfg", [
+    ("10, 4, -2", "4, 10, -2", VerifyConfig()), (r"\frac{\pi}{6}", "30", VerifyConfig()), ("204_5", "54", VerifyConfig()),
+    (r"5\text{ cm}", "5 m", VerifyConfig(units="match")), (r"5\text{ cm}", "5", VerifyConfig(units="match")),
+    ("y = 2x + 1", "2x + 1", VerifyConfig(assignment_is_value=False)), ("5", "\U0001d7d3", VerifyConfig()),
+    ("5", r"4 \text{ thousand}", VerifyConfig()), ("5", r"5 \text{ maybe}", VerifyConfig()),
+])
+def test_documented_refusals(gold, pred, cfg):
+    assert are_equivalent(gold, pred, cfg) is False
+
+
+def test_switches_turn_the_leniencies_on():
+    assert are_equivalent("10, 4, -2", "4, 10, -2", VerifyConfig(unordered_lists=True)) is True
+    assert are_equivalent(r"5\text{ cm}", r"5 \text{ centimeters}", VerifyConfig(units="match")) is True

@@ -69,3 +69,20 @@ def test_bundled_math_data_scores_as_labelled():
     prompts = pq.read_table(DATA / "math_rl.parquet").to_pylist()
     assert all(score(rf"\boxed{{{p['answer']}}}", p["answer"]).reward == 1.0 for p in prompts)
     assert all(score(rf"\boxed{{{int(p['answer']) + 1}}}", p["answer"]).reward == 0.0 for p in prompts)
+
+
+def test_reward_keeps_its_box_rule_but_compares_with_the_same_code():
+    # are_equivalent reads a whole response; the reward reads only boxes (the format it teaches), then both
+    # compare through compare_answers: on every equivalence-corpus pred put in a box they give the same verdict.
+    from pathlib import Path
+
+    from verify_corpus import load_corpus
+
+    from align.verify import answer_of, are_equivalent
+
+    assert are_equivalent("42", "The answer is 42.") is True and score("The answer is 42.", "42").reward == 0.0
+    for case in load_corpus(Path(__file__).with_name("equiv_corpus.txt")):
+        if "box" in case.response or answer_of(case.response) != case.response:
+            continue  # only bare answers: boxed, each is the same answer
+        boxed = score(f"So \\boxed{{{case.response}}}.", case.gold)
+        assert (boxed.reward == 1.0) is are_equivalent(case.gold, case.response), (case.line, case.gold, case.response)

@@ -35,17 +35,22 @@ def _mutate(rng: random.Random, text: str) -> str:
     return "".join(chars)
 
 
-def test_random_mutations_and_soup_never_raise():
-    rng = random.Random(1234)
-    cases = load_corpus()
-    outcomes = set()
-    for i in range(3000):
+def random_pairs(seed: int, cases: list, pieces: list[str], count: int = 3000, gold_every: int = 5):
+    """(gold, response) pairs: every third one soup of `pieces`, the others mutated corpus cases (the gold mutated
+    too on every `gold_every`-th)."""
+    rng = random.Random(seed)
+    for i in range(count):
         if i % 3 == 0:
-            response = "".join(rng.choice(PIECES) for _ in range(rng.randint(1, 60)))
-            gold = "".join(rng.choice(PIECES) for _ in range(rng.randint(1, 12)))
+            response = "".join(rng.choice(pieces) for _ in range(rng.randint(1, 60)))
+            yield "".join(rng.choice(pieces) for _ in range(rng.randint(1, 12))), response
         else:
             case = rng.choice(cases)
-            response, gold = _mutate(rng, case.response), (_mutate(rng, case.gold) if i % 5 == 0 else case.gold)
+            yield (_mutate(rng, case.gold) if i % gold_every == 0 else case.gold), _mutate(rng, case.response)
+
+
+def test_random_mutations_and_soup_never_raise():
+    outcomes = set()
+    for gold, response in random_pairs(1234, load_corpus(), PIECES):
         result = score(response, gold)
         assert result.reward in (1.0, 0.0, None), (gold, response)
         outcomes.add(result.status)

@@ -109,8 +109,23 @@ def _poly_key(p: dict) -> str:
     return " + ".join(parts)
 
 
+IMAG = "v:i"  # the variable i is the imaginary unit: i^2 = -1 (what `i` means in every answer it appears in)
+
+
+def _reduce_i(names: tuple) -> tuple[int, tuple]:
+    """(sign, names) with i^k folded to i^(k mod 4): i^2 = -1, i^3 = -i, i^-1 = -i."""
+    for at, (name, k) in enumerate(names):
+        if name == IMAG:
+            if k == 1:
+                return 1, names
+            k %= 4
+            rest = names[:at] + (((IMAG, 1),) if k % 2 else ()) + names[at + 1:]
+            return (-1 if k >= 2 else 1), rest
+    return 1, names
+
+
 def _mono_mul(a: tuple, b: tuple) -> tuple[int, tuple]:
-    """(factor, monomial) with a*b = factor * monomial; sqrt(r1)*sqrt(r2) = g*sqrt(r1*r2/g^2), g = gcd."""
+    """(factor, monomial) with a*b = factor * monomial; sqrt(r1)*sqrt(r2) = g*sqrt(r1*r2/g^2), g = gcd; i^2 = -1."""
     ra, na = a
     rb, nb = b
     g = gcd(ra, rb) if ra > 1 and rb > 1 else 1
@@ -123,7 +138,8 @@ def _mono_mul(a: tuple, b: tuple) -> tuple[int, tuple]:
         for name, k in nb:
             merged[name] = merged.get(name, 0) + k
         names = tuple(sorted((n, k) for n, k in merged.items() if k))
-    return g, ((ra // g) * (rb // g), names)
+    sign, names = _reduce_i(names)
+    return g * sign, ((ra // g) * (rb // g), names)
 
 
 def _check_coef(c: Fraction, lim: Budget) -> None:
@@ -167,7 +183,8 @@ def _normalize(num: dict, den: dict | None, lim: Budget) -> Scalar:
         return Scalar(num)
     if len(den) == 1:
         ((r, names), c), = den.items()
-        inverse = {(r, tuple((n, -k) for n, k in names)): 1 / (c * r)}
+        sign, inverted = _reduce_i(tuple((n, -k) for n, k in names))
+        inverse = {(r, inverted): sign / (c * r)}
         return Scalar(_poly_mul(num, inverse, lim))
     # NOTE: a several-term denominator stays (equality cross-multiplies); scale it so its leading coefficient is 1,
     # which keeps keys of equal quotients equal in the common cases.
@@ -232,7 +249,8 @@ def power_int(a: Scalar, n: int, lim: Budget) -> Scalar:
                 raise OverBudget(f"power over {lim.max_bits} bits")
         lim.spend(len(names) + 1)
         coef = c**e * (r ** (e // 2) if r > 1 else 1)
-        result = Scalar({(r if e % 2 else 1, tuple((nm, k * e) for nm, k in names)): coef})
+        sign, powered = _reduce_i(tuple((nm, k * e) for nm, k in names))
+        result = Scalar({(r if e % 2 else 1, powered): coef * sign})
     else:
         if e > 64:
             raise OverBudget("power of a sum over 64")
@@ -287,8 +305,8 @@ def sqrt(a: Scalar, lim: Budget) -> Scalar:
     q = a.rational()
     if q is None:
         return _monomial_root(a, 2, lim)
-    if q < 0:
-        raise Unsupported("square root of a negative number")
+    if q < 0:  # sqrt(-4) = 2i
+        return mul(symbol(IMAG), sqrt(const(-q), lim), lim)
     n, d = q.numerator * q.denominator, q.denominator
     s = isqrt(n)
     if s * s == n:

@@ -12,7 +12,7 @@ from functools import lru_cache
 
 from align.verify import algebra as A
 from align.verify.config import VerifyConfig
-from align.verify.expr import Parser, as_scalar
+from align.verify.expr import REALS, Parser, as_scalar
 from align.verify.extract import final_group, find_boxes, join_group
 from align.verify.lexer import END, tokenize
 from align.verify.limits import Budget, OverBudget, Unreadable
@@ -24,6 +24,7 @@ _PLAIN_NUMBER = re.compile(r"-?[0-9]{1,40}(?:\.[0-9]{1,40})?")
 _WORDS = re.compile(r"[a-zA-Z][a-zA-Z ]*")
 _TEXT_ONLY = re.compile(r"\\text\{([^{}]*)\}")
 _LONG_WORD = re.compile(r"[a-zA-Z]{3,}")
+_ALL_REALS = frozenset({"all real numbers", "all reals", "all real x", "real numbers", "all real values"})
 
 
 def make_budget(cfg: VerifyConfig, compare: bool = False) -> Budget:
@@ -42,15 +43,20 @@ def unbox(text: str) -> str:
     return join_group([b.content or "" for b in final_group(text, boxes)])
 
 
+def _word_answer(words: str) -> Value:
+    text = " ".join(words.lower().split())
+    return REALS if text in _ALL_REALS else Text(text)
+
+
 def _parse(s: str, cfg: VerifyConfig) -> Value:
     if _PLAIN_NUMBER.fullmatch(s):  # fast path: most gold and predicted answers are plain numbers
         q = Fraction(s)
         return A.Scalar({A.ONE_MONO: q} if q else {}, None, s if "." in s else None)
     text_only = _TEXT_ONLY.fullmatch(s)
     if text_only:
-        return Text(" ".join(text_only.group(1).lower().split()))
+        return _word_answer(text_only.group(1))
     if _WORDS.fullmatch(s) and _LONG_WORD.search(s):
-        return Text(" ".join(s.lower().split()))
+        return _word_answer(s)
     budget = make_budget(cfg)
     tokens = tokenize(s, budget)
     mark = tokens[-2].text if len(tokens) >= 2 and tokens[-2].kind == "op" else ""

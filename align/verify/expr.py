@@ -16,9 +16,10 @@ from align.verify.algebra import Scalar
 from align.verify.lexer import Token
 from align.verify.limits import Budget, OverBudget, Unsupported
 from align.verify.structures import bracket_value, relation_value, union_value
-from align.verify.values import Based, FiniteSet, Infinity, List, Matrix, Tuple, Value
+from align.verify.values import Based, FiniteSet, Infinity, Interval, List, Matrix, Tuple, Value
 
 PI = A.symbol("pi")
+REALS = Interval(Infinity(-1), Infinity(1), False, False)
 GREEK = frozenset("\\" + g for g in (
     "alpha beta gamma delta epsilon varepsilon zeta eta theta vartheta iota kappa lambda mu nu xi omicron rho "
     "sigma tau upsilon phi varphi chi psi omega Gamma Delta Theta Lambda Xi Sigma Upsilon Phi Psi Omega").split())
@@ -242,7 +243,7 @@ class Parser:
         elif t.kind == "op" and t.text in _CLOSERS:
             v = self.group(t.text)
         elif t.kind == "op" and t.text == "|":
-            v = F.absolute(as_scalar(self.additive()))
+            v = F.absolute(as_scalar(self.additive()), self.b)
             self.expect("op", "|")
         else:
             raise Unsupported(f"unexpected {t.text or 'end of answer'!r}")
@@ -413,12 +414,17 @@ class Parser:
             return self.arg()
         if name == "\\begin":
             return self.matrix()
+        if name == "\\mathbb":  # \mathbb{R}: the whole real line
+            t = self.arg()
+            if not (isinstance(t, Scalar) and A.variable_name(t) == "R"):
+                raise Unsupported("\\mathbb of anything but R")
+            return REALS
         closers = {"\\lfloor": "\\rfloor", "\\lceil": "\\rceil", "\\lvert": "\\rvert", "\\vert": "\\vert"}
         if name in closers:
             v = as_scalar(self.additive())
             self.expect("cmd", closers[name])
             if name in ("\\lvert", "\\vert"):
-                return F.absolute(v)
+                return F.absolute(v, self.b)
             return F.rounding(name[2:], v)
         raise Unsupported(f"command {name}")
 

@@ -107,14 +107,28 @@ def binomial(n_value: Scalar, k_value: Scalar, lim: Budget) -> Scalar:
     return A.const(value)
 
 
-def absolute(x: Scalar) -> Scalar:
+def absolute(x: Scalar, lim: Budget) -> Scalar:
     q = x.rational()
     if q is not None:
         return A.const(abs(q))
+    modulus = _complex_modulus(x, lim)
+    if modulus is not None:
+        return modulus
     sign = _sign(x)
     if sign is None:
         return A.opaque("abs", x)
     return x if sign > 0 else A.neg(x)
+
+
+def _complex_modulus(x: Scalar, lim: Budget) -> Scalar | None:
+    """|a + bi| = sqrt(a^2 + b^2) for rational a, b."""
+    if x.den is not None or x.atoms() != {A.IMAG}:
+        return None
+    a = x.num.get(A.ONE_MONO, Fraction(0))
+    b = x.num.get((1, ((A.IMAG, 1),)))
+    if b is None or len(x.num) != (2 if a else 1):
+        return None
+    return A.sqrt(A.const(a * a + b * b), lim)
 
 
 def rounding(name: str, x: Scalar) -> Scalar:

@@ -96,7 +96,9 @@ DOCUMENTED = [  # the examples of align/verify/__init__.py's docstring, each for
     ("x < 1", "-x > -1"), (r"2x + 1 \le 7", r"x \le 3"), (r"-1 \le 2x+1 < 3", "[-1, 1)"), ("y = 2x + 1", "2x + 1"),
     ("y = 2x + 1", "2y = 4x + 2"), ("y = 2x + 1", "1 + 2x = y"), ("f(x) = 3x", "3x"), (r"\{10, 4, -2\}", "4, 10, -2"),
     (r"1 \pm \sqrt2", r"1-\sqrt2, 1+\sqrt2"), (r"\emptyset", r"\varnothing"), ("(1, 2)", r"\langle 1, 2 \rangle"),
-    (r"\text{Evelyn}", r"\textbf{evelyn}"), (r"\text{(C)}", "C"),
+    (r"\text{Evelyn}", r"\textbf{evelyn}"), (r"\text{(C)}", "C"), ("2i", "(1+i)^2"), ("2i", r"\sqrt{-4}"),
+    ("5", "|3+4i|"), ("5", "(2+i)(2-i)"), ("x^2+7x+10", "(x+2)(x+5)"), (r"\frac{x+1}{x^2-1}", r"\frac{1}{x-1}"),
+    (r"\mathbb{R}", r"\text{all real numbers}"),
 ]
 
 

@@ -16,7 +16,8 @@ FORMS = ("integers and signs", "fraction forms", "roots", "thousands separators"
          "currency and units", "percentages", "degrees and radians", "plus minus", "named constants",
          "scientific notation", "mixed numbers", "base-n numbers", "matrices and vectors", "intervals",
          "inequalities as solution sets", "equations", "tuples and points", "lists and sets", "text answers",
-         "whole responses", "multilingual responses", "responses on both sides")
+         "complex numbers", "polynomials and expressions", "MATH-style answers", "whole responses",
+         "multilingual responses", "responses on both sides")
 
 
 def test_size_labels_and_coverage():

@@ -15,8 +15,8 @@ from typing import Callable, Iterable, Sequence
 from pipeline.layout import Layout, StageCtx
 
 # The ladder, in build order; `doit list` shows the tasks in this order. `smoke` is the aggregate (pipeline/smoke.py).
-LADDER = ("ingest", "shards", "sft_checkpoint", "onpolicy_pairs", "ref_cache", "dpo_checkpoint", "grpo_checkpoint",
-          "golden_eval")
+LADDER = ("ingest", "shards", "pretrain_checkpoint", "sft_checkpoint", "onpolicy_pairs", "ref_cache", "dpo_checkpoint",
+          "grpo_checkpoint", "golden_eval")
 SMOKE = "smoke"
 
 

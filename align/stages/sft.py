@@ -83,6 +83,27 @@ def build_model(cfg: SftStageConfig) -> MistralForCausalLM:
     return MistralForCausalLM(cfg.model.init).to(device=device(), dtype=dtype)
 
 
+def build_module(cfg, model: MistralForCausalLM) -> SftTrainModule:
+    """The next-token CE module over `model` (shared with the pretraining rung, align.stages.pretrain)."""
+    module_cfg = TrainModuleConfig(optimizer=cfg.optimizer, scheduler=cfg.scheduler, parallel=cfg.parallel)
+    return SftTrainModule(model, module_cfg, cfg.loss, cfg.train.max_steps, seed=cfg.run.seed)
+
+
+def base_identity(cfg) -> str:
+    """What the run starts from: the base checkpoint's content hash, or the from-scratch shape's digest."""
+    return checkpoint_content_hash(cfg.model.base) if cfg.model.base else config_digest(cfg.model.init)
+
+
+def fit_and_publish(cfg, module, loader, run_dir: Path, callbacks: list, tok_dir: Path, inputs: dict) -> int:
+    """Train (resuming a checkpoint of the same run identity), then publish `final/` (collective: every rank)."""
+    trainer = Trainer(cfg.train, module, loader, run_dir, callbacks, identity=run_identity(cfg, inputs))
+    code = trainer.fit()
+    if code != 0:
+        return code
+    trainer.publish_final(run_dir / "final", tokenizer_dir=tok_dir, inputs=inputs)
+    return 0
+
+
 def write_metrics(run_dir: Path) -> dict:
     rows = [r for r in read_history(run_dir / "history.jsonl") if r.get("loss") is not None]
     tail = rows[-10:]
@@ -106,8 +127,7 @@ def main() -> int:
     shards = ShardSet.open(runs / cfg.data.shards, kind="sft", tokenizer_hash=sha256_file(tok_dir / "tokenizer.json"))
     model = build_model(cfg)
     n_params = sum(p.numel() for p in model.parameters())
-    module_cfg = TrainModuleConfig(optimizer=cfg.optimizer, scheduler=cfg.scheduler, parallel=cfg.parallel)
-    module = SftTrainModule(model, module_cfg, cfg.loss, cfg.train.max_steps, seed=cfg.run.seed)
+    module = build_module(cfg, model)
     if is_rank0():
         print(f"sft: {n_params / 1e6:.2f}M parameters, {len(shards)} rows; {module.banner}", flush=True)
     loader = BatchLoader(shards, cfg.loader, seed=cfg.run.seed)
@@ -118,13 +138,10 @@ def main() -> int:
     callbacks = [SpeedMonitor(n_params, cfg.data.peak_flops_per_s or None),
                  Tripwires(cfg.probes, list(module.model.parameters()), model.config.vocab_size),
                  ProgressLine(cfg.train.max_steps, label="sft")]
-    base = checkpoint_content_hash(cfg.model.base) if cfg.model.base else config_digest(cfg.model.init)
-    inputs = {"shards": shards.digest, "base": base}
-    trainer = Trainer(cfg.train, module, loader, run_dir, callbacks, identity=run_identity(cfg, inputs))
-    code = trainer.fit()
+    inputs = {"shards": shards.digest, "base": base_identity(cfg)}
+    code = fit_and_publish(cfg, module, loader, run_dir, callbacks, tok_dir, inputs)
     if code != 0:
         return code
-    trainer.publish_final(run_dir / "final", tokenizer_dir=tok_dir, inputs=inputs)  # collective: every rank
     if is_rank0():
         print(f"sft: {write_metrics(run_dir)}", flush=True)
     return 0

@@ -45,7 +45,6 @@ class TokenLoaderConfig:
     grad_accum: int = 1
     epoch_tokens: int | None = None  # tokens per epoch of the mixture; None: the training split's size
     max_repetition: float = 4.0  # most times one source's documents may be used within one epoch
-    pad_id: int = 0
 
     def __post_init__(self):
         for name in ("seq_len", "micro_batch_size", "grad_accum"):
@@ -124,6 +123,7 @@ class TokenLoader:
         self.rank, self.world_size = resolve_rank(rank, world_size)
         self.tokens, self.step, self.max_steps = 0, 0, max_steps
         self._streams: dict[int, EpochStream] = {}
+        self._epoch_starts = [0]  # global instance number at which epoch e starts, for the epochs seen so far
         if self.stream(0).instances == 0:
             raise ConfigError(f"loader.seq_len = {cfg.seq_len} is longer than an epoch of the corpus")
 
@@ -132,6 +132,7 @@ class TokenLoader:
         return self.world_size * self.cfg.grad_accum * self.cfg.micro_batch_size
 
     def stream(self, epoch: int) -> EpochStream:
+        """Epoch `epoch`'s stream; the two most recently built are cached (a step spans at most two epochs)."""
         if epoch not in self._streams:
             docs = mixture_documents(self.corpus, self.cfg, self.seed, epoch)
             ends = np.cumsum(self.corpus.train.lengths[docs])
@@ -140,12 +141,12 @@ class TokenLoader:
         return self._streams[epoch]
 
     def locate(self, instance: int) -> tuple[int, int]:
-        """(epoch, index within it) of a global instance number."""
-        epoch = 0
-        while instance >= self.stream(epoch).instances:
-            instance -= self.stream(epoch).instances
-            epoch += 1
-        return epoch, instance
+        """(epoch, index within it) of a global instance number. Epoch sizes are remembered once computed, so a
+        resume deep into a run builds each earlier epoch's stream once, not once per instance."""
+        while self._epoch_starts[-1] <= instance:
+            self._epoch_starts.append(self._epoch_starts[-1] + self.stream(len(self._epoch_starts) - 1).instances)
+        epoch = int(np.searchsorted(self._epoch_starts, instance, side="right")) - 1
+        return epoch, instance - self._epoch_starts[epoch]
 
     def instance(self, index: int) -> dict[str, np.ndarray]:
         epoch, k = self.locate(index)

@@ -165,3 +165,10 @@ def test_build_corpus_splits_rejects_and_names(tmp_path):
     with pytest.raises(DataError, match=r"missing text column 'body' \(corpus\.sources\.facts\.text_column\)"):
         build_corpus(CorpusConfig(sources={"facts": CorpusSourceConfig(path="facts.jsonl", text_column="body")}),
                      tok, tmp_path)
+
+
+def test_instances_are_numbered_across_epochs():
+    loader = TokenLoader(_corpus(), TokenLoaderConfig(seq_len=16), seed=4, rank=0, world_size=1)
+    n0, n1 = loader.stream(0).instances, loader.stream(1).instances
+    assert loader.locate(n0 + n1 + 3) == (2, 3) and loader.locate(n0 - 1) == (0, n0 - 1)
+    assert loader.locate(n0) == (1, 0)  # asked after epoch 2: the remembered sizes still answer

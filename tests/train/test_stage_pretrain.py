@@ -132,3 +132,24 @@ def test_sft_continues_from_the_pretrained_checkpoint(root, tmp_path):
     assert run_in_process(sft, ROOT / "configs/smoke/sft.toml", env, *common, *scratch) == 0
     from_scratch = read_history(tmp_path / "scratch" / "sft_checkpoint" / "history.jsonl")[0]["loss"]
     assert from_pretrained < from_scratch - 1.0  # the arithmetic prose was learnt: SFT starts lower
+
+
+@pytest.mark.distributed
+def test_two_rank_torchrun_pretrain_matches_one_rank(root, tmp_path):
+    """2 ranks x 1 micro-batch (FSDP2) read the same token stream as 1 rank x 2: the same loss tokens per step and
+    the same weights up to the reduction order."""
+    if torch.cuda.is_available():
+        pytest.skip("the in-process 1-rank run would use the GPU; the 2-rank run is pinned to CPU")
+    one, two = tmp_path / "one" / "pretrain_checkpoint", tmp_path / "two" / "pretrain_checkpoint"
+    assert pretrain(root, one, "loader.grad_accum=2", "train.max_steps=3") == 0
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), **_env(root, two), CUDA_VISIBLE_DEVICES="")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m",
+           "align.stages.pretrain", "--config", str(CONFIG), *SMALL, "loader.grad_accum=1", "train.max_steps=3"]
+    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    a, b = (load_checkpoint(d / "final").state_dict() for d in (one, two))
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=0, atol=1e-6, msg=k)
+    rows = [read_history(d / "history.jsonl") for d in (one, two)]
+    assert [r["loss_tokens"] for r in rows[0]] == [r["loss_tokens"] for r in rows[1]]
+    assert rows[0][-1]["heldout_nll"] == pytest.approx(rows[1][-1]["heldout_nll"], abs=1e-5)

@@ -38,8 +38,10 @@ def main() -> int:
     metrics = {k: manifest[k] for k in METRIC_KEYS}
     if "outcome_agreement" in manifest:  # step-labelled data: the verifier against the dataset's own verdicts
         metrics["outcome_agreement"] = {k: v for k, v in manifest["outcome_agreement"].items() if k != "disagreements"}
-        print(f"ingest:{cfg.source}: verifier agrees with the final-answer labels on "
-              f"{manifest['outcome_agreement']['agreement']} of {manifest['outcome_agreement']['compared']}")
+        agreement = manifest["outcome_agreement"]
+        rate = "n/a" if agreement["agreement"] is None else f"{agreement['agreement']:.3f}"
+        print(f"ingest:{cfg.source}: verifier agrees with the final-answer labels on {rate} of "
+              f"{agreement['compared']} finished solutions")
     atomic_write_json(run_dir / "metrics.json", metrics)
     print(f"ingest:{cfg.source}: {manifest['rows_out']} of {manifest['rows_in']} rows kept "
           f"({manifest['duplicates']} duplicates, {manifest['rejected']} rejected) -> {run_dir / 'out'}")

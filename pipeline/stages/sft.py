@@ -2,7 +2,9 @@
 
 Reads the shard set named by the config's `[data].shards` (relative to runs/<profile>), the tokenizer, and, when
 `[model].base` is set, the base checkpoint's config.json and index (not its multi-GB weights: doit would hash them
-on every run; a snapshot directory is immutable in practice)."""
+on every run; a snapshot directory is immutable in practice). A base under runs/<profile>/ (e.g. the optional
+`pretrain_checkpoint` rung's `final/`) is another stage's artifact: its manifest is a dependency, so doit orders
+the two stages."""
 
 from __future__ import annotations
 
@@ -25,7 +27,12 @@ def _inputs(ctx: StageCtx) -> list[Path]:
     base = stage_table(ctx.layout, "sft.toml", "model").get("base")
     if isinstance(base, str) and base:
         base_dir = _under(ctx.layout.root, base)
-        deps += [p for p in (base_dir / "config.json", base_dir / "model.safetensors.index.json") if p.is_file()]
+        if base_dir.absolute().is_relative_to(ctx.layout.runs.absolute()):
+            # a checkpoint a stage of this profile publishes (pretrain_checkpoint/final): its manifest, there or
+            # not yet, so doit builds that stage first (or reports the task blocked when none produces it)
+            deps.append(base_dir / "manifest.json")
+        else:
+            deps += [p for p in (base_dir / "config.json", base_dir / "model.safetensors.index.json") if p.is_file()]
     return deps
 
 

@@ -217,3 +217,20 @@ def test_math500_evalset_over_http(tmp_path):
     with pytest.raises(DataError, match="HTTP 404"):
         with LoopbackServer() as server:
             ingest_evalset("math500", tmp_path / "x", url=server.url("/missing.jsonl"))
+
+
+def test_ingest_worker_reports_outcome_agreement(tmp_path, monkeypatch, capsys):
+    from align.exit_codes import run_with_exit_codes
+    from align.stages import ingest
+
+    _jsonl(tmp_path / "phase2_test.jsonl", [PHASE1, PHASE2_WRONG, PHASE2_EARLY, DISAGREE])
+    (tmp_path / "ingest.toml").write_text('[sources.prm]\npath = "phase2_test.jsonl"\nkind = "steps"\n'
+                                          'format = "prm800k"\n')
+    monkeypatch.setenv("ALIGN_ROOT", str(tmp_path))
+    monkeypatch.setenv("ALIGN_RUN_DIR", str(tmp_path / "run"))
+    monkeypatch.setattr("sys.argv", ["ingest", "--config", str(tmp_path / "ingest.toml"), "source=prm"])
+    assert run_with_exit_codes(ingest.main) == 0
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["rows_out"] == 4 and metrics["outcome_agreement"]["compared"] == 3
+    assert "disagreements" not in metrics["outcome_agreement"]  # the manifest lists them; the receipt counts
+    assert "verifier agrees with the final-answer labels on 0.667 of 3 finished" in capsys.readouterr().out

@@ -153,3 +153,18 @@ def test_two_rank_torchrun_pretrain_matches_one_rank(root, tmp_path):
     rows = [read_history(d / "history.jsonl") for d in (one, two)]
     assert [r["loss_tokens"] for r in rows[0]] == [r["loss_tokens"] for r in rows[1]]
     assert rows[0][-1]["heldout_nll"] == pytest.approx(rows[1][-1]["heldout_nll"], abs=1e-5)
+
+
+def test_sft_from_the_rung_depends_on_its_manifest(tmp_path):
+    """An sft.toml whose base is the pretraining rung's final/ makes doit build pretrain_checkpoint first."""
+    from pipeline.layout import Layout, Project, StageCtx
+    from pipeline.stages.pretrain import STAGE as PRETRAIN
+    from pipeline.stages.sft import STAGE as SFT
+
+    (tmp_path / "configs" / "p").mkdir(parents=True)
+    (tmp_path / "configs" / "p" / "sft.toml").write_text('[model]\nbase = "runs/p/pretrain_checkpoint/final"\n')
+    layout = Layout(Project(root=tmp_path), "p")
+    manifest = layout.runs / "pretrain_checkpoint" / "final" / "manifest.json"
+    assert manifest in SFT.file_dep(StageCtx(layout, "sft_checkpoint"))
+    assert PRETRAIN.targets(StageCtx(layout, "pretrain_checkpoint")) == [manifest]
+    assert PRETRAIN.contexts(layout) == []  # optional: no pretrain.toml in this profile, no task

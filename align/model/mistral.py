@@ -56,10 +56,15 @@ class MistralAttention(nn.Module):
                 raise ValueError("qkv needs position_ids or precomputed rope tables")
             rope = self.rope(position_ids, hidden.dtype)
         cos, sin = rope
-        q = self.q_proj(hidden).unflatten(-1, (self.num_heads, self.head_dim))
-        k = self.k_proj(hidden).unflatten(-1, (self.num_kv_heads, self.head_dim))
-        v = self.v_proj(hidden).unflatten(-1, (self.num_kv_heads, self.head_dim))
+        q, k, v = self.project(hidden)
+        q = q.unflatten(-1, (self.num_heads, self.head_dim))
+        k = k.unflatten(-1, (self.num_kv_heads, self.head_dim))
+        v = v.unflatten(-1, (self.num_kv_heads, self.head_dim))
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def project(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The flat q, k, v projections (..., H*Dh | KVH*Dh) before RoPE; a family with QK-norm overrides this."""
+        return self.q_proj(hidden), self.k_proj(hidden), self.v_proj(hidden)
 
     def forward(self, hidden: torch.Tensor, rope: Rope, mask: torch.Tensor | None = None,
                 cache: KVCache | None = None, cache_step=None) -> torch.Tensor:
@@ -92,11 +97,13 @@ class MistralDecoderLayer(nn.Module):
 class MistralModel(nn.Module):
     """Embedding, decoder layers, final norm. forward returns final-normed hidden states (B, T, D)."""
 
+    layer_cls = MistralDecoderLayer  # a family with another block (align.model.olmoe) swaps the class
+
     def __init__(self, cfg: MistralConfig, attn: AttentionConfig = AttentionConfig()):
         super().__init__()
         self.config = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, padding_idx=cfg.pad_token_id)
-        self.layers = nn.ModuleList(MistralDecoderLayer(cfg, i, attn) for i in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(self.layer_cls(cfg, i, attn) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
@@ -108,6 +115,16 @@ class MistralModel(nn.Module):
         With a cache, the new tokens follow each sequence's cached length and attention_mask marks which of the
         T new tokens are real (right-padded). document_ids (B, T) int: packed rows (align.data.collate_packed);
         attention stays inside each document and position_ids default to positions restarting per document."""
+        hidden, rope, mask, step = self.prepare(input_ids, attention_mask, position_ids, kv_cache, document_ids)
+        for layer in self.layers:
+            hidden = layer(hidden, rope, mask, kv_cache, step)
+        if kv_cache is not None:
+            kv_cache.commit(step)
+        return self.norm(hidden)
+
+    def prepare(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                position_ids: torch.Tensor | None, kv_cache: KVCache | None, document_ids: torch.Tensor | None):
+        """Embeddings, RoPE tables, mask and cache step of one forward (see `forward`), shared by every family."""
         hidden = self.embed_tokens(input_ids)  # (B, T, D)
         b, t = input_ids.shape
         step = None
@@ -128,22 +145,19 @@ class MistralModel(nn.Module):
         if position_ids is None:
             position_ids = torch.arange(t, device=input_ids.device)[None, :]  # (1, T), broadcast over B
         rope = self.layers[0].self_attn.rope(position_ids, hidden.dtype) if len(self.layers) else None
-        for layer in self.layers:
-            hidden = layer(hidden, rope, mask, kv_cache, step)
-        if kv_cache is not None:
-            kv_cache.commit(step)
-        return self.norm(hidden)
+        return hidden, rope, mask, step
 
 
 class _MistralBase(nn.Module):
     """Trunk + head: shared construction, init, and the HF architecture name the checkpoint records."""
 
     hf_architecture = ""
+    trunk_cls = MistralModel
 
     def __init__(self, cfg: MistralConfig, attn: AttentionConfig | None = None):
         super().__init__()
         self.config = cfg
-        self.model = MistralModel(cfg, attn or AttentionConfig())
+        self.model = self.trunk_cls(cfg, attn or AttentionConfig())
 
     def hf_config_extra(self) -> dict:
         """Extra config.json keys the head needs (transformers reads num_labels from id2label)."""
@@ -176,6 +190,8 @@ class _MistralBase(nn.Module):
                     module.weight[module.padding_idx].zero_()  # as transformers: the pad row starts at zero
             elif isinstance(module, RMSNorm):
                 module.reset_parameters()
+            elif callable(getattr(module, "init_parameters", None)):
+                module.init_parameters(std)  # modules with their own parameter layout (align.model.moe)
             elif any(True for _ in module.parameters(recurse=False)):
                 raise TypeError(f"init_weights: no rule for {name} ({type(module).__name__})")
         self.tie_weights()

@@ -1,0 +1,316 @@
+"""Sparse mixture-of-experts block: router, dropless dispatch, two expert backends, a fixed-order combine, and the
+router statistics every auxiliary loss is computed from.
+
+Data flow of one block on N tokens (d = hidden size, E experts, k experts per token, I = expert hidden size):
+
+    route:          logits (N, E) -> fp32 softmax over all E -> top-k  -> Routing (probs, top-k ids and weights)
+    sort_by_expert: the N*k flat assignments, stably argsorted by expert id -> Dispatch (order, counts)
+    gather_rows:    x (N, d) -> x_sorted (N*k, d), rows grouped by expert, each group in token order
+    experts_*:      per expert SwiGLU on its rows (a Python loop, or one torch grouped GEMM)
+    combine:        unsort back to (N, k, d), scale by the routing weights, sum over k in a fixed order
+
+Dropless: every assignment is computed (no capacity factor, no token dropped). Deterministic: the argsort is
+stable and the combine is a gather plus a left-to-right sum, so identical inputs give bitwise-identical outputs
+on every run (a scatter/`index_add_` combine accumulates in whatever order the kernel picks; on GPU in bf16 that
+gave different answers run to run). Numerics follow transformers' OLMoE: router logits in the activation dtype,
+softmax and top-k in fp32, the top-k weights cast back to the activation dtype before they scale expert outputs.
+
+The block adds no loss. It returns the router logits; `RouterStats` reduces them (with the top-k choice and a
+token mask) to per-expert sums, which are additive over micro-batches and ranks (`totals` / `from_totals` pack
+them for one all-reduce), and `load_balancing_loss` / `router_z_loss` / `expert_load_metrics` read only those.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+Backend = Literal["loop", "grouped"]
+BACKENDS: tuple[str, ...] = ("loop", "grouped")
+
+
+@dataclass(frozen=True)
+class Routing:
+    """The router's decision for N tokens."""
+
+    logits: torch.Tensor  # (N, E) activation dtype, as the router's linear produced them
+    probs: torch.Tensor  # (N, E) fp32 softmax over all experts
+    topk_ids: torch.Tensor  # (N, k) int64 expert per slot, in descending probability
+    topk_weights: torch.Tensor  # (N, k) activation dtype: the top-k probabilities (renormalised if asked)
+
+
+def route(logits: torch.Tensor, top_k: int, norm_topk_prob: bool) -> Routing:
+    """logits (N, E) -> Routing. Softmax over all experts in fp32, then top-k of the probabilities;
+    `norm_topk_prob` rescales the k chosen probabilities to sum to one (off for OLMoE-1B-7B)."""
+    probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+    weights, ids = torch.topk(probs, top_k, dim=-1)
+    if norm_topk_prob:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return Routing(logits, probs, ids, weights.to(logits.dtype))
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    """Where each of the N*k flat assignments goes. Slot j of token t is flat row t*k + j."""
+
+    order: torch.Tensor  # (N*k,) int64: flat rows sorted by expert id (stable: token order inside an expert)
+    inverse: torch.Tensor  # (N*k,) int64: position of each flat row in `order`
+    counts: torch.Tensor  # (E,) int64: rows per expert
+    top_k: int
+
+
+def sort_by_expert(topk_ids: torch.Tensor, num_experts: int) -> Dispatch:
+    """topk_ids (N, k) -> Dispatch, by a stable argsort of the flat assignment."""
+    flat = topk_ids.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    inverse = torch.empty_like(order)
+    inverse[order] = torch.arange(order.numel(), device=order.device)
+    counts = torch.bincount(flat, minlength=num_experts)
+    return Dispatch(order, inverse, counts, topk_ids.shape[-1])
+
+
+def gather_rows(x: torch.Tensor, dispatch: Dispatch) -> torch.Tensor:
+    """x (N, d) -> (N*k, d): each token's row once per chosen expert, grouped by expert."""
+    return x.index_select(0, torch.div(dispatch.order, dispatch.top_k, rounding_mode="floor"))
+
+
+def unsort_rows(y_sorted: torch.Tensor, dispatch: Dispatch) -> torch.Tensor:
+    """(N*k, d) in expert order -> (N, k, d) in token/slot order. A gather: no accumulation, no scatter."""
+    return y_sorted.index_select(0, dispatch.inverse).unflatten(0, (-1, dispatch.top_k))
+
+
+def combine(y: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """y (N, k, d) expert outputs, weights (N, k) -> (N, d): sum_j weights[:, j] * y[:, j], added j = 0, 1, ...
+    in this order (an explicit left fold, so the rounding never depends on a reduction kernel's choice)."""
+    scaled = y * weights.unsqueeze(-1)
+    out = scaled[:, 0]
+    for j in range(1, scaled.shape[1]):
+        out = out + scaled[:, j]
+    return out
+
+
+def _swiglu(gate_up: torch.Tensor) -> torch.Tensor:
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def experts_loop(x_sorted: torch.Tensor, counts: torch.Tensor, gate_up_proj: torch.Tensor,
+                 down_proj: torch.Tensor) -> torch.Tensor:
+    """Reference backend: one pair of matmuls per expert that received rows. (N*k, d) -> (N*k, d).
+
+    NOTE: `counts.tolist()` is a host sync; the grouped backend avoids it."""
+    outs = []
+    for e, rows in enumerate(x_sorted.split(counts.tolist())):
+        if rows.shape[0]:
+            outs.append(F.linear(_swiglu(F.linear(rows, gate_up_proj[e])), down_proj[e]))
+    return torch.cat(outs) if outs else x_sorted.new_zeros(x_sorted.shape)
+
+
+class _ContiguousGrad(torch.autograd.Function):
+    """Identity whose backward makes the incoming gradient contiguous. torch's CPU grouped_mm backward refuses
+    a stride-0 gradient ("Invalid strides/sizes", e.g. the expanded ones of a `.sum()` loss)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.contiguous()
+
+
+def _grouped(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """x (M, K), w (E, N, K) stored as nn.Linear weights -> (M, N), rows of group e multiplied by w[e]^T."""
+    return _ContiguousGrad.apply(F.grouped_mm(x, w.transpose(-2, -1), offs=offs))
+
+
+def grouped_supported(hidden_size: int, intermediate_size: int, dtype: torch.dtype) -> bool:
+    """grouped_mm needs 16-byte aligned row strides of every operand."""
+    size = torch.empty((), dtype=dtype).element_size()
+    return all(n * size % 16 == 0 for n in (hidden_size, intermediate_size)) and hasattr(F, "grouped_mm")
+
+
+def experts_grouped(x_sorted: torch.Tensor, counts: torch.Tensor, gate_up_proj: torch.Tensor,
+                    down_proj: torch.Tensor) -> torch.Tensor:
+    """Grouped-GEMM backend (torch's grouped_mm): two kernel calls for all experts, no host sync."""
+    hidden, inter = down_proj.shape[1], down_proj.shape[2]
+    if not grouped_supported(hidden, inter, x_sorted.dtype):
+        raise ValueError(f"expert backend 'grouped' needs hidden_size ({hidden}) and intermediate_size ({inter}) "
+                         f"whose rows are multiples of 16 bytes in {x_sorted.dtype}; use backend 'loop'")
+    offs = torch.cumsum(counts, 0).to(torch.int32)
+    return _grouped(_swiglu(_grouped(x_sorted, gate_up_proj, offs)), down_proj, offs)
+
+
+EXPERT_BACKENDS = {"loop": experts_loop, "grouped": experts_grouped}
+
+
+class Router(nn.Module):
+    """Linear scores over the experts: `weight` (E, d), the HF name `mlp.gate.weight`."""
+
+    def __init__(self, hidden_size: int, num_experts: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(num_experts, hidden_size))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight)
+
+    def init_parameters(self, std: float) -> None:
+        nn.init.trunc_normal_(self.weight, std=std, a=-3 * std, b=3 * std)
+
+
+class Experts(nn.Module):
+    """E SwiGLU experts as two stacked 3-D parameters in transformers' fused layout:
+    `gate_up_proj` (E, 2I, d) (gate rows first, then up) and `down_proj` (E, d, I), each slice an nn.Linear weight."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, num_experts: int, backend: Backend = "loop"):
+        super().__init__()
+        if backend not in EXPERT_BACKENDS:
+            raise ValueError(f"expert backend must be one of {BACKENDS}, got {backend!r}")
+        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size, hidden_size))
+        self.down_proj = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size))
+        self.backend = backend
+
+    def forward(self, x_sorted: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        return EXPERT_BACKENDS[self.backend](x_sorted, counts, self.gate_up_proj, self.down_proj)
+
+    def init_parameters(self, std: float) -> None:
+        for w in (self.gate_up_proj, self.down_proj):
+            nn.init.trunc_normal_(w, std=std, a=-3 * std, b=3 * std)
+
+
+class SparseMoeBlock(nn.Module):
+    """Router + experts in place of a dense MLP. forward: x (..., d) -> (out (..., d), router logits (N, E)).
+
+    `ep` is the expert-parallel hook (issue 24): None runs every expert locally."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, num_experts: int, top_k: int,
+                 norm_topk_prob: bool, backend: Backend = "loop"):
+        super().__init__()
+        if not 1 <= top_k <= num_experts:
+            raise ValueError(f"top_k must be in [1, num_experts={num_experts}], got {top_k}")
+        self.gate = Router(hidden_size, num_experts)
+        self.experts = Experts(hidden_size, intermediate_size, num_experts, backend)
+        self.num_experts, self.top_k, self.norm_topk_prob = num_experts, top_k, norm_topk_prob
+        self.ep = None
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.ep is not None:
+            raise NotImplementedError("expert parallelism (SparseMoeBlock.ep) is issue 24; ep must be None")
+        flat = x.reshape(-1, x.shape[-1])
+        routing = route(self.gate(flat), self.top_k, self.norm_topk_prob)
+        dispatch = sort_by_expert(routing.topk_ids, self.num_experts)
+        y = self.experts(gather_rows(flat, dispatch), dispatch.counts)
+        return combine(unsort_rows(y, dispatch), routing.topk_weights).view_as(x), routing.logits
+
+
+@dataclass(frozen=True)
+class RouterStats:
+    """Sufficient statistics of the aux losses over some tokens, per layer. Additive: the stats of a union of
+    token sets are the sums (micro-batches of a window, ranks of a global batch).
+
+    counts and tokens are plain numbers (no gradient); prob_sums and z_sums carry the router's gradient."""
+
+    counts: torch.Tensor  # (L, E) fp32: top-k assignments per expert
+    prob_sums: torch.Tensor  # (L, E) fp32: router probabilities summed over tokens
+    z_sums: torch.Tensor  # (L,) fp32: sum over tokens of logsumexp(logits)^2
+    tokens: torch.Tensor  # () fp32: tokens counted (the same in every layer)
+    top_k: int
+
+    @property
+    def num_layers(self) -> int:
+        return self.counts.shape[0]
+
+    @property
+    def num_experts(self) -> int:
+        return self.counts.shape[1]
+
+    @staticmethod
+    def from_logits(layer_logits: list[torch.Tensor], top_k: int,
+                    mask: torch.Tensor | None = None) -> "RouterStats":
+        """layer_logits: per layer (N, E) router logits; mask (N,) bool/0-1, True = count this token."""
+        counts, probs, zs = [], [], []
+        weight = None if mask is None else mask.reshape(-1, 1).to(torch.float32)
+        for logits in layer_logits:
+            routing = route(logits, top_k, norm_topk_prob=False)
+            p = routing.probs
+            hits = torch.zeros_like(p).scatter_(1, routing.topk_ids, 1.0).detach()
+            z = torch.logsumexp(logits.float(), dim=-1, keepdim=True).square()
+            if weight is not None:
+                hits, p, z = hits * weight, p * weight, z * weight
+            counts.append(hits.sum(0))
+            probs.append(p.sum(0))
+            zs.append(z.sum())
+        n = layer_logits[0].new_tensor(layer_logits[0].shape[0] if mask is None else float(weight.sum()),
+                                       dtype=torch.float32)
+        return RouterStats(torch.stack(counts), torch.stack(probs), torch.stack(zs), n, top_k)
+
+    def __add__(self, other: "RouterStats") -> "RouterStats":
+        return RouterStats(self.counts + other.counts, self.prob_sums + other.prob_sums,
+                           self.z_sums + other.z_sums, self.tokens + other.tokens, self.top_k)
+
+    def detach(self) -> "RouterStats":
+        return RouterStats(self.counts, self.prob_sums.detach(), self.z_sums.detach(), self.tokens, self.top_k)
+
+    def totals(self) -> torch.Tensor:
+        """Everything packed in one flat fp32 tensor (detached), for a single all-reduce."""
+        return torch.cat([self.counts.flatten(), self.prob_sums.detach().flatten(), self.z_sums.detach(),
+                          self.tokens.reshape(1)])
+
+    @staticmethod
+    def from_totals(flat: torch.Tensor, num_layers: int, num_experts: int, top_k: int) -> "RouterStats":
+        le = num_layers * num_experts
+        if flat.numel() != 2 * le + num_layers + 1:
+            raise ValueError(f"RouterStats.from_totals: {flat.numel()} values for L={num_layers} E={num_experts}")
+        return RouterStats(flat[:le].view(num_layers, num_experts), flat[le:2 * le].view(num_layers, num_experts),
+                           flat[2 * le:2 * le + num_layers], flat[-1], top_k)
+
+
+LossConvention = Literal["switch", "hf"]
+
+
+def load_balancing_loss(stats: RouterStats, convention: LossConvention = "switch",
+                        dispatch_from: RouterStats | None = None) -> torch.Tensor:
+    """Auxiliary load-balancing loss E * sum_e f_e * P_e (Switch Transformer, eq. 4).
+
+    "switch" (OLMoE's training code): per layer, f_e = share of the layer's N*k assignments that went to e and
+    P_e = mean router probability of e; averaged over layers. "hf" (transformers' `load_balancing_loss_func`):
+    counts and probabilities pooled over all layers first, f_e = assignments / (N*L) (so it is k times larger
+    for one layer). `dispatch_from`: take f from these stats (e.g. the global batch) and P from `stats`;
+    the gradient flows through P only, as in both references (f comes from a top-k and has none)."""
+    f_stats = stats if dispatch_from is None else dispatch_from
+    e = stats.num_experts
+    if convention == "switch":
+        f = f_stats.counts / (f_stats.tokens * stats.top_k)  # (L, E)
+        p = stats.prob_sums / stats.tokens
+        return e * (f * p).sum(-1).mean()
+    if convention == "hf":
+        rows = f_stats.tokens * f_stats.num_layers
+        f = f_stats.counts.sum(0) / rows
+        p = stats.prob_sums.sum(0) / (stats.tokens * stats.num_layers)
+        return e * (f * p).sum()
+    raise ValueError(f"load-balancing convention must be 'switch' or 'hf', got {convention!r}")
+
+
+def router_z_loss(stats: RouterStats) -> torch.Tensor:
+    """ST-MoE router z-loss: mean over tokens of logsumexp(logits)^2, averaged over layers."""
+    return (stats.z_sums / stats.tokens).mean()
+
+
+def expert_load_metrics(stats: RouterStats) -> dict[str, float]:
+    """Telemetry of the expert load (no gradient), from the assignment counts:
+
+    max_vio: max over layers of (max_e load - mean load) / mean load (0 = perfect balance);
+    utilization: share of (layer, expert) pairs that received at least one token; dead_experts: how many did not;
+    load_entropy: mean over layers of the load distribution's entropy / log E (1 = uniform)."""
+    counts = stats.counts.detach().double()
+    mean = counts.mean(-1)
+    vio = (counts.max(-1).values - mean) / mean.clamp_min(1e-12)
+    share = counts / counts.sum(-1, keepdim=True).clamp_min(1e-12)
+    entropy = -(share * share.clamp_min(1e-300).log()).sum(-1)
+    norm = torch.log(torch.tensor(float(stats.num_experts), dtype=torch.float64)).clamp_min(1e-12)
+    return {"max_vio": float(vio.max()), "utilization": float((counts > 0).double().mean()),
+            "dead_experts": int((counts == 0).sum()), "load_entropy": float((entropy / norm).mean())}

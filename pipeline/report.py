@@ -15,6 +15,7 @@ import base64
 import html
 import io
 import json
+import math
 from pathlib import Path
 from typing import Sequence
 
@@ -26,10 +27,11 @@ from pipeline.layout import Layout, Project
 
 REPORT = "report"
 RUNGS = ("sft", "dpo", "grpo")
+INLOOP = ("eval/accuracy", "eval/nll")  # align.eval.inloop's columns (NaN between evaluations)
 CURVES = {  # training rung -> history columns worth a curve (those present are drawn)
-    "sft_checkpoint": ("loss",),
-    "dpo_checkpoint": ("loss", "rewards/margin", "rewards/accuracy"),
-    "grpo_checkpoint": ("loss", "reward_mean"),
+    "sft_checkpoint": ("loss", *INLOOP),
+    "dpo_checkpoint": ("loss", "rewards/margin", "rewards/accuracy", *INLOOP),
+    "grpo_checkpoint": ("loss", "reward_mean", *INLOOP),
 }
 
 
@@ -87,10 +89,45 @@ def tables(receipts: list[dict]) -> tuple[list[list[str]], list[list[str]]]:
     return acc, timing
 
 
+def level_table(receipts: list[dict]) -> list[list[str]]:
+    """Greedy accuracy per difficulty level (the eval set's group column) and rung, header row first."""
+    rows = accuracy_rows(receipts)
+    levels = sorted({g for r in rows for g in r.get("accuracy_by_group", {})}, key=lambda g: (len(g), g))
+    out = [["rung", *(f"level {g}" for g in levels), "all"]]
+    out += [[r["rung"], *(_num(r.get("accuracy_by_group", {}).get(g)) for g in levels), _num(r.get("accuracy"))]
+            for r in rows]
+    return out if levels else []
+
+
+def inloop_lines(layout: Layout) -> list[str]:
+    """One line per training rung: the in-loop held-out accuracy / NLL at each evaluated step."""
+    lines = []
+    for stage, series in curves(layout).items():
+        acc, nll = dict(series.get(INLOOP[0], [])), dict(series.get(INLOOP[1], []))
+        if acc:
+            points = ", ".join(f"{step}: {a:.3f}/{nll.get(step, math.nan):.3f}" for step, a in sorted(acc.items()))
+            lines.append(f"{stage} (step: accuracy/nll) {points}")
+    return lines
+
+
+def grpo_gain_line(receipts: list[dict]) -> str | None:
+    m = next((r["metrics"] for r in receipts if r["task"] == "grpo_checkpoint"), None)
+    if not m or "accuracy_gain_ci95" not in m:
+        return None
+    lo, hi = m["accuracy_gain_ci95"]
+    return (f"grpo held-out gain {m['accuracy_gain']:+.3f} (95% CI {lo:+.3f} .. {hi:+.3f}, paired SE "
+            f"{m['accuracy_gain_se']:.3f}, {m['heldout_rows']} problems: {m['rows_gained']} gained, "
+            f"{m['rows_lost']} lost)")
+
+
 def text_table(rows: list[list[str]]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     return "\n".join([lines[0], "  ".join("-" * w for w in widths), *lines[1:]])
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def curves(layout: Layout) -> dict[str, dict[str, list[tuple[int, float]]]]:
@@ -98,7 +135,7 @@ def curves(layout: Layout) -> dict[str, dict[str, list[tuple[int, float]]]]:
     out = {}
     for stage, columns in CURVES.items():
         rows = read_history(layout.stage_dir(stage) / "history.jsonl")
-        found = {c: [(r["step"], r[c]) for r in rows if isinstance(r.get(c), (int, float))] for c in columns}
+        found = {c: [(r["step"], r[c]) for r in rows if _finite(r.get(c))] for c in columns}
         if any(found.values()):
             out[stage] = {c: v for c, v in found.items() if v}
     return out
@@ -160,7 +197,12 @@ def render(layout: Layout) -> list[Path]:
     acc, timing = tables(receipts)
     out_dir = layout.runs / REPORT
     out_dir.mkdir(parents=True, exist_ok=True)
-    text = (f"align ladder, profile {layout.profile}\n\n{text_table(acc)}\n\n{text_table(timing)}\n")
+    text = f"align ladder, profile {layout.profile}\n\n{text_table(acc)}\n\n"
+    levels = level_table(receipts)
+    text += f"{text_table(levels)}\n\n" if levels else ""
+    extra = [line for line in (grpo_gain_line(receipts), *inloop_lines(layout)) if line]
+    text += "\n".join(extra) + "\n\n" if extra else ""
+    text += f"{text_table(timing)}\n"
     written = []
     if _matplotlib_available():
         atomic_write_text(out_dir / "report.html", html_page(layout.profile, acc, timing, figures(layout, receipts)))

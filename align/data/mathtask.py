@@ -7,6 +7,9 @@ levels are the knob (calibration numbers: data/README.md):
 - level 1: one step, 1-20 plus or minus 1-9 ("Mia has 7 apples. She finds 5 more. ...").
 - level 2: one step, 10-49 plus or minus 1-9, or a product 2-9 x 2-5 ("4 bags with 5 pens in each").
 - level 3: two steps: a product 2-5 x 2-5 or 2-20 plus or minus 1-9, then a gain or a loss of 1-9.
+- level 4: three steps with larger numbers: a product 2-9 x 2-5 or 10-99 plus or minus 1-9 (carries and borrows
+  across the tens), then two gains or losses of 1-9. Its accuracy after SFT is far from saturated: the share of the
+  task that RL can still raise.
 
 A problem's `key` is its arithmetic content (operations and operands, not its wording); the held-out eval split is
 disjoint from every training split by key, so no eval problem appears in training even reworded.
@@ -96,7 +99,25 @@ def _draw_level3(rng: random.Random) -> tuple[Step, ...]:
     return first, Step(mid, "sub", rng.randint(1, min(9, mid - 1)))
 
 
-DRAW = {1: _draw_level1, 2: _draw_level2, 3: _draw_level3}
+def _gain_or_loss(rng: random.Random, amount: int) -> Step:
+    """A gain, or a loss that leaves at least one object (answers stay positive)."""
+    if rng.random() < 0.5 or amount < 2:
+        return Step(amount, "add", rng.randint(1, 9))
+    return Step(amount, "sub", rng.randint(1, min(9, amount - 1)))
+
+
+def _draw_level4(rng: random.Random) -> tuple[Step, ...]:
+    if rng.random() < 0.4:
+        first = Step(rng.randint(2, 9), "mul", rng.randint(2, 5))
+    else:
+        b = rng.randint(1, 9)
+        first = Step(rng.randint(10, 99), "add", b) if rng.random() < 0.5 else Step(rng.randint(10, 99), "sub", b)
+    second = _gain_or_loss(rng, first.result)
+    return first, second, _gain_or_loss(rng, second.result)
+
+
+DRAW = {1: _draw_level1, 2: _draw_level2, 3: _draw_level3, 4: _draw_level4}
+LEVELS = tuple(DRAW)
 
 
 # ---------------------------------------------------------------------------------------------------- wording

@@ -16,6 +16,8 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+import torch
+
 from align.eval.metrics import pass_at_k
 from align.inference.config import SamplingParams
 from align.inference.sequence import derive_seed
@@ -45,22 +47,26 @@ class CanaryConfig:
 
 @dataclass(frozen=True)
 class EvalTask:
-    """The prompts and how to judge them: ids(row), gold(row), decode(ids) and the verifier's reward(text, gold)."""
+    """The prompts and how to judge them: ids(row), gold(row), decode(ids) and the verifier's reward(text, gold);
+    group(row) (a difficulty level) when the results are wanted per group too."""
 
     ids: Callable[[int], tuple[int, ...]]
     gold: Callable[[int], str]
     decode: Callable[[list[int]], str]
     judge: Callable[[str, str], bool]
     eos_id: int
+    group: Callable[[int], str] | None = None
 
 
 def evaluate(client, task: EvalTask, rows: Sequence[int], max_new_tokens: int, pass_k: int = 0, pass_n: int = 0,
              temperature: float = 1.0, seed: int = 0) -> dict[str, float]:
-    """{"pass@1", "stop_rate", "n"[, "pass@k"]} over `rows` (summed over ranks)."""
+    """{"pass@1", "stop_rate", "n"[, "pass@k"][, "pass@1_by_group"]} over `rows` (summed over ranks).
+    "pass@1_by_group" (group -> greedy accuracy) when the task has groups."""
     mine = list(rows)[rank()::world_size()]
     greedy = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens, stop_token_ids=(task.eos_id,))
     out = client.generate([RolloutRequest(task.ids(r), 1, greedy, request_id=r) for r in mine]).results
-    correct = sum(task.judge(task.decode(list(o.completion_ids)), task.gold(o.request_id)) for o in out)
+    right = {o.request_id: task.judge(task.decode(list(o.completion_ids)), task.gold(o.request_id)) for o in out}
+    correct = sum(right.values())
     stopped = sum(o.finish_reason == "stop" for o in out)
     pk = 0.0
     if pass_k:
@@ -74,7 +80,46 @@ def evaluate(client, task: EvalTask, rows: Sequence[int], max_new_tokens: int, p
     result = {"pass@1": correct / n if n else math.nan, "stop_rate": stopped / n if n else math.nan, "n": n}
     if pass_k:
         result[f"pass@{pass_k}"] = pk / n if n else math.nan
+    if task.group is not None:
+        result["pass@1_by_group"] = _by_group(task.group, list(rows), right)
+    result["right"] = _right_vector(list(rows), right)
     return result
+
+
+def _right_vector(rows: list[int], right: dict[int, bool]) -> list[int]:
+    """1/0 per row of `rows` (in that order), over all ranks: what a paired comparison of two evaluations needs."""
+    slot = {r: i for i, r in enumerate(rows)}
+    vec = torch.zeros(len(rows), dtype=torch.float64)
+    for r, ok in right.items():
+        vec[slot[r]] = float(ok)
+    return [int(v) for v in all_reduce_sum(vec).tolist()]
+
+
+def paired_gain(before: dict, after: dict) -> dict[str, float]:
+    """The accuracy gain between two evaluations of the same rows with its paired standard error and 95% interval
+    (normal approximation on the per-row differences; a row right in both or wrong in both adds no variance)."""
+    a, b = before["right"], after["right"]
+    if len(a) != len(b) or not a:
+        raise ValueError(f"paired_gain: evaluations of {len(a)} and {len(b)} rows")
+    diffs = [y - x for x, y in zip(a, b)]
+    n = len(diffs)
+    mean = sum(diffs) / n
+    var = sum((d - mean) ** 2 for d in diffs) / (n - 1) if n > 1 else 0.0
+    se = math.sqrt(var / n)
+    return {"accuracy_gain_se": se, "accuracy_gain_ci95": [mean - 1.96 * se, mean + 1.96 * se],
+            "rows_gained": sum(d > 0 for d in diffs), "rows_lost": sum(d < 0 for d in diffs)}
+
+
+def _by_group(group: Callable[[int], str], rows: list[int], right: dict[int, bool]) -> dict[str, float]:
+    """Greedy accuracy per group over all ranks: every rank knows every row's group, so the count vectors align."""
+    names = sorted({group(r) for r in rows})
+    slot = {g: i for i, g in enumerate(names)}
+    counts = torch.zeros(2 * len(names), dtype=torch.float64)
+    for r, ok in right.items():
+        counts[2 * slot[group(r)]] += 1
+        counts[2 * slot[group(r)] + 1] += float(ok)
+    counts = all_reduce_sum(counts)
+    return {g: float(counts[2 * i + 1] / counts[2 * i]) if counts[2 * i] else math.nan for g, i in slot.items()}
 
 
 class Canary(Callback):

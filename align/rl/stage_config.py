@@ -11,6 +11,7 @@ from align.rl.advantages import AdvantageConfig
 from align.rl.curriculum import CurriculumConfig
 from align.rl.grpo_loss import GrpoLossConfig
 from align.rl.rewards import RewardConfig
+from align.eval.inloop_config import InLoopEvalConfig
 from align.rl.canary import CanaryConfig
 from align.rl.tripwires import HealthConfig
 from align.rollout.protocol import RolloutConfig
@@ -112,6 +113,7 @@ class GrpoStageConfig(CommonConfig):
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     health: HealthConfig = field(default_factory=HealthConfig)
     canary: CanaryConfig = field(default_factory=CanaryConfig)
+    inloop_eval: InLoopEvalConfig = field(default_factory=InLoopEvalConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)

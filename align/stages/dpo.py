@@ -32,7 +32,9 @@ from align.exceptions import ConfigError
 from align.exit_codes import exit_stage
 from align.model.checkpoint import DTYPES, load_checkpoint, tokenizer_dir_for
 from align.profile import CommonConfig
-from align.tokenizer import TokenizerConfig
+from align.tokenizer import Tokenizer, TokenizerConfig
+from align.eval.inloop import build_inloop_eval
+from align.eval.inloop_config import InLoopEvalConfig
 from align.train.callbacks import ProgressLine, SpeedMonitor
 from align.train.dpo_loss import DpoLossConfig
 from align.train.dpo_module import DpoTrainModule, preference_eval
@@ -86,6 +88,7 @@ class DpoStageConfig(CommonConfig):
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     probes: ProbeConfig = field(default_factory=lambda: ProbeConfig(armed=("grad_norm", "loss_spike")))
+    inloop_eval: InLoopEvalConfig = field(default_factory=InLoopEvalConfig)
 
 
 class RowSubset:
@@ -163,6 +166,9 @@ def main() -> int:
     n_params = sum(p.numel() for p in model.parameters())
     tripwires = Tripwires(cfg.probes, list(module.model.parameters()), model.config.vocab_size)
     callbacks = [SpeedMonitor(n_params), tripwires, ProgressLine(cfg.train.max_steps, label="dpo")]
+    tok = Tokenizer.from_pretrained(tokenizer_dir_for(reference) or cfg.tokenizer.path, cfg.tokenizer.cache)
+    inloop = build_inloop_eval(cfg.inloop_eval, runs, tok, module, cfg.train.max_steps, engine_model=model)
+    callbacks += [inloop] if inloop is not None else []
     inputs = {"reference": cache.key.reference, "pairs": shards.digest, "ref_cache": cache.key.digest()}
     trainer = Trainer(cfg.train, module, loader, run_dir, callbacks, identity=run_identity(cfg, inputs))
     code = trainer.fit()

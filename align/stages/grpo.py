@@ -19,11 +19,11 @@ import torch
 
 from align.config import load_cli_config, run_dir_from_env, write_resolved_config
 from align.data.store import ShardSet
-from align.eval.verifier import score
+from align.eval.inloop import build_inloop_eval, verifier_task
 from align.exit_codes import exit_stage
 from align.model.checkpoint import DTYPES, checkpoint_content_hash, load_checkpoint, tokenizer_dir_for
 from align.rl.batch_source import GrpoBatchSource, PromptSet
-from align.rl.canary import Canary, EvalTask, evaluate
+from align.rl.canary import Canary, evaluate, paired_gain
 from align.rl.curriculum import PromptCurriculum
 from align.rl.grpo_module import GrpoTrainModule
 from align.rl.report import reward_curve
@@ -79,14 +79,15 @@ def main() -> int:
         policy_version=lambda: module.version,
         old_scorer=module.score if cfg.shape.old_logprobs == "recompute" else None,
         ref_scorer=reference_scorer(start, cfg) if needs_ref else None, world_size=world_size())
-    held = PromptSet.from_shards(heldout)
-    task = EvalTask(held.ids, held.gold, decode, lambda text, gold: score(text, gold).reward == 1.0, tok.eos_id)
+    task = verifier_task(heldout, decode, tok.eos_id)
     rows = range(min(cfg.data.eval_rows or len(heldout), len(heldout)))
     before = evaluate(client, task, rows, cfg.data.eval_max_new_tokens)
     n_params = sum(p.numel() for p in module.model.parameters())
     callbacks = [SpeedMonitor(n_params), HealthCallback(module.health),
                  Canary(cfg.canary, client, task, cfg.shape.max_new_tokens, cfg.run.seed),
                  ProgressLine(cfg.train.max_steps, label="grpo")]
+    inloop = build_inloop_eval(cfg.inloop_eval, runs, tok, module, cfg.train.max_steps, client=client)
+    callbacks += [inloop] if inloop is not None else []
     inputs = {"start": checkpoint_content_hash(start), "prompts": prompts.digest}
     trainer = Trainer(cfg.train, module, source, run_dir, callbacks, identity=run_identity(cfg, inputs))
     code = trainer.fit()
@@ -95,7 +96,9 @@ def main() -> int:
     after = evaluate(client, task, rows, cfg.data.eval_max_new_tokens)
     if is_rank0():
         metrics = {"heldout_rows": len(rows), "start_accuracy": before["pass@1"], "accuracy": after["pass@1"],
-                   "accuracy_gain": after["pass@1"] - before["pass@1"], "start_stop_rate": before["stop_rate"],
+                   "accuracy_gain": after["pass@1"] - before["pass@1"],
+                   "start_accuracy_by_level": before["pass@1_by_group"],
+                   "accuracy_by_level": after["pass@1_by_group"], **paired_gain(before, after), "start_stop_rate": before["stop_rate"],
                    "stop_rate": after["stop_rate"], "start_checkpoint": checkpoint_content_hash(start),
                    **reward_curve(run_dir / "history.jsonl")}
         atomic_write_json(run_dir / "metrics.json", metrics)

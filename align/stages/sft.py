@@ -22,11 +22,13 @@ import torch
 from align.config import config_digest, load_cli_config, run_dir_from_env, write_resolved_config
 from align.data.loader import BatchLoader, LoaderConfig
 from align.data.store import ShardSet
+from align.eval.inloop import build_inloop_eval
+from align.eval.inloop_config import InLoopEvalConfig
 from align.exit_codes import exit_stage
 from align.model import MistralConfig, MistralForCausalLM
 from align.model.checkpoint import DTYPES, checkpoint_content_hash, load_checkpoint
 from align.profile import CommonConfig
-from align.tokenizer import TokenizerConfig
+from align.tokenizer import Tokenizer, TokenizerConfig
 from align.tokenizer.tokenizer import resolve_tokenizer_dir
 from align.train.callbacks import ProgressLine, SpeedMonitor
 from align.train.identity import run_identity
@@ -73,6 +75,7 @@ class SftStageConfig(CommonConfig):
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     probes: ProbeConfig = field(default_factory=ProbeConfig)
+    inloop_eval: InLoopEvalConfig = field(default_factory=InLoopEvalConfig)
 
 
 def build_model(cfg: SftStageConfig) -> MistralForCausalLM:
@@ -126,6 +129,7 @@ def main() -> int:
     tok_dir = resolve_tokenizer_dir(cfg.tokenizer.path)
     shards = ShardSet.open(runs / cfg.data.shards, kind="sft", tokenizer_hash=sha256_file(tok_dir / "tokenizer.json"))
     model = build_model(cfg)
+    engine_model = model if cfg.inloop_eval.every else None  # copied before wrapping (FSDP2 shards in place)
     n_params = sum(p.numel() for p in model.parameters())
     module = build_module(cfg, model)
     if is_rank0():
@@ -138,6 +142,9 @@ def main() -> int:
     callbacks = [SpeedMonitor(n_params, cfg.data.peak_flops_per_s or None),
                  Tripwires(cfg.probes, list(module.model.parameters()), model.config.vocab_size),
                  ProgressLine(cfg.train.max_steps, label="sft")]
+    tok = Tokenizer.from_pretrained(tok_dir, cfg.tokenizer.cache)
+    inloop = build_inloop_eval(cfg.inloop_eval, runs, tok, module, cfg.train.max_steps, engine_model=engine_model)
+    callbacks += [inloop] if inloop is not None else []
     inputs = {"shards": shards.digest, "base": base_identity(cfg)}
     code = fit_and_publish(cfg, module, loader, run_dir, callbacks, tok_dir, inputs)
     if code != 0:

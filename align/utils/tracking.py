@@ -62,6 +62,7 @@ class MetricsHistory:
         self.columns: tuple[str, ...] | None = tuple(columns) if columns is not None else None
         if self.columns is not None and STEP not in self.columns:
             self.columns = (STEP, *self.columns)
+        self._given = self.columns
         if enabled:
             self._repair()
 
@@ -78,7 +79,10 @@ class MetricsHistory:
     def truncate_after(self, step: int) -> None:
         """Drop rows with step > `step` (a resume from an earlier checkpoint replays those steps)."""
         if self.enabled and self.path.is_file():
-            self._rewrite([r for r in read_history(self.path) if r[STEP] <= step])
+            kept = [r for r in read_history(self.path) if r[STEP] <= step]
+            self._rewrite(kept)
+            if not kept:  # a fresh run (another config may log other columns) fixes its own column set
+                self.columns = self._given
 
     def log(self, step: int, metrics: dict[str, Any]) -> dict | None:
         if not self.enabled:

@@ -7,13 +7,13 @@ from pathlib import Path
 
 from pipeline.layout import StageCtx
 from pipeline.stage import StageSpec
-from pipeline.stages.ingest import table_manifests
+from pipeline.stages.ingest import inloop_manifests, table_manifests
 
 DEFAULTS = {"reference": "sft_checkpoint/final", "pairs": "shards/preference/out", "ref_cache": "ref_cache/preference"}
 
 
 def _inputs(ctx: StageCtx) -> list[Path]:
-    return table_manifests(ctx.layout, "dpo.toml", "data", DEFAULTS)
+    return table_manifests(ctx.layout, "dpo.toml", "data", DEFAULTS) + inloop_manifests(ctx.layout, "dpo.toml")
 
 
 STAGE = StageSpec(

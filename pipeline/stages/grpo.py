@@ -7,7 +7,7 @@ from pathlib import Path
 
 from pipeline.layout import StageCtx
 from pipeline.stage import StageSpec
-from pipeline.stages.ingest import stage_table
+from pipeline.stages.ingest import inloop_manifests, stage_table
 
 DEFAULTS = {"start": "dpo_checkpoint/final", "prompts": "shards/prompts/out", "eval": "shards/eval/out"}
 
@@ -15,7 +15,7 @@ DEFAULTS = {"start": "dpo_checkpoint/final", "prompts": "shards/prompts/out", "e
 def _inputs(ctx: StageCtx) -> list[Path]:
     data = stage_table(ctx.layout, "grpo.toml", "data")
     paths = [data[k] if isinstance(data.get(k), str) else v for k, v in DEFAULTS.items()]
-    return [ctx.layout.runs / p / "manifest.json" for p in paths]
+    return [ctx.layout.runs / p / "manifest.json" for p in paths] + inloop_manifests(ctx.layout, "grpo.toml")
 
 
 STAGE = StageSpec(

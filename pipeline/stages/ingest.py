@@ -28,6 +28,18 @@ def table_manifests(layout: Layout, config: str, table: str, defaults: dict[str,
     return [layout.runs / p / "manifest.json" for p in paths]
 
 
+INLOOP_DEFAULTS = {"prompts": "shards/eval/out", "solutions": "shards/eval_sft/out"}  # align.eval.inloop_config
+
+
+def inloop_manifests(layout: Layout, config: str) -> list[Path]:
+    """The held-out shard sets a stage's `[inloop_eval]` reads (none when it is off or the table is absent)."""
+    table = stage_table(layout, config, "inloop_eval")
+    if not table.get("every"):
+        return []
+    paths = [table[k] if isinstance(table.get(k), str) else v for k, v in INLOOP_DEFAULTS.items()]
+    return [layout.runs / p / "manifest.json" for p in paths if p]
+
+
 def _source_path(ctx: StageCtx) -> list[Path]:
     source = stage_table(ctx.layout, "ingest.toml", "sources").get(ctx.variant, {})
     return [ctx.layout.root / source["path"]] if isinstance(source, dict) and "path" in source else []

@@ -13,7 +13,7 @@ from pathlib import Path
 from align.tokenizer.tokenizer import resolve_tokenizer_dir
 from pipeline.layout import StageCtx
 from pipeline.stage import StageSpec
-from pipeline.stages.ingest import stage_table
+from pipeline.stages.ingest import inloop_manifests, stage_table
 
 
 def _under(root: Path, path: str | Path) -> Path:
@@ -33,7 +33,7 @@ def _inputs(ctx: StageCtx) -> list[Path]:
             deps.append(base_dir / "manifest.json")
         else:
             deps += [p for p in (base_dir / "config.json", base_dir / "model.safetensors.index.json") if p.is_file()]
-    return deps
+    return deps + inloop_manifests(ctx.layout, "sft.toml")
 
 
 STAGE = StageSpec(

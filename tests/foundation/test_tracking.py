@@ -72,3 +72,18 @@ def test_progress_one_redrawn_line_on_a_terminal():
     text = out.getvalue()
     assert text.count("\r") == 4 and text.endswith("\n") and text.count("\n") == 1
     assert "ETA 00:06" in text.split("\r")[1]  # after 1 of 4 steps in 2 s: 3 steps x 2 s left
+
+
+def test_a_fresh_run_over_an_old_history_takes_its_own_columns(tmp_path):
+    # a config change that adds a callback (new columns) trains afresh: truncate_after(0) must not keep the old set
+    path = tmp_path / "history.jsonl"
+    old = MetricsHistory(path)
+    old.log(1, {"loss": 1.0})
+    fresh = MetricsHistory(path)
+    fresh.truncate_after(0)
+    fresh.log(1, {"loss": 2.0, "eval/accuracy": 0.5})
+    assert read_history(path) == [{"step": 1, "loss": 2.0, "eval/accuracy": 0.5}]
+    resumed = MetricsHistory(path)
+    resumed.truncate_after(1)  # a resume keeps the rows and their columns
+    with pytest.raises(ValueError, match="not a column"):
+        resumed.log(2, {"loss": 1.0, "other": 1.0})

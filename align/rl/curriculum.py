@@ -6,7 +6,7 @@ a top-up on one rank never shifts another's prompts).
 
     order "shuffle":   every epoch a fresh seeded permutation
     order "by_group":  the first `warm_epochs` epochs visit the rows group by group in ascending group order
-                       (the bundled task's groups are difficulty levels 1-3: easy first), shuffled within a group;
+                       (the bundled task's groups are difficulty levels 1-4: easy first), shuffled within a group;
                        later epochs shuffle everything
     skip_solved:       pass-rate memory: a prompt whose last group was solved by every sample is skipped until the
                        epoch after next (it gives no gradient; seed 003, "dynamic sampling ... pass-rate memory").

@@ -27,7 +27,7 @@ import torch
 
 from align.config import load_cli_config, run_dir_from_env, write_resolved_config
 from align.data.store import ShardSet
-from align.eval.golden import GOLDEN_FILE, GoldenConfig, compare, golden_record, read_anchor
+from align.eval.golden import GOLDEN_FILE, GoldenConfig, compare, golden_record, host_label, read_anchor
 from align.eval.harness import GreedyConfig, SampledConfig, decode, judge, load_problems
 from align.eval.metrics import greedy_metrics, sampled_metrics
 from align.eval.roundtrip import RoundtripError, roundtrip
@@ -84,7 +84,7 @@ def golden_pass(cfg: GoldenEvalStageConfig, model, tok, problems, ckpt_hash: str
     decoded = decode(Engine(model, cfg.engine), tok, problems[: cfg.golden.prompts], params)
     samples = [{"id": d.problem.id, "prompt_sha256": sha256_bytes(json.dumps(d.problem.prompt_ids).encode()),
                 "text": d.text, "tokens": len(d.token_ids)} for d in decoded]
-    record = golden_record(cfg.stage, ckpt_hash, samples)
+    record = golden_record(cfg.stage, ckpt_hash, samples, host_label())
     if not cfg.golden.anchors:
         return record, {"status": "not_configured", "passed": False, "texts_sha256": record["texts_sha256"]}
     anchor_path = root / cfg.golden.anchors / f"{cfg.stage}.json"

@@ -50,7 +50,7 @@ def test_eval_split_shares_no_problem_with_training(committed):
     eval_rows = committed["math_eval"].to_pylist()
     eval_keys = {r["key"] for r in eval_rows}
     eval_texts = {r["prompt"] for r in eval_rows}
-    assert len(eval_keys) == len(eval_rows) == 300
+    assert len(eval_keys) == len(eval_rows) == 600
     for name in TRAIN:
         rows = committed[name].to_pylist()
         texts = {r["messages"][0]["content"] if name == "math_sft" else r["prompt"] for r in rows}
@@ -73,8 +73,13 @@ def test_sizes_levels_and_footprint(committed):
     assert committed["math_pairs"].num_rows == 1500
     assert committed["math_rl"].num_rows == 1000
     for name, table in committed.items():
-        assert set(table.column("level").to_pylist()) == {1, 2, 3}, name
-        assert len(set(table.column("id").to_pylist())) == table.num_rows
+        assert set(table.column("level").to_pylist()) == {1, 2, 3, 4}, name
+    eval_levels = committed["math_eval"].column("level").to_pylist()
+    assert [eval_levels.count(lv) for lv in (1, 2, 3, 4)] == [150] * 4
+    rl_levels = committed["math_rl"].column("level").to_pylist()
+    assert rl_levels.count(4) > rl_levels.count(3) > rl_levels.count(2) > rl_levels.count(1)  # RL leans hard
+    for name, table in committed.items():
+        assert len(set(table.column("id").to_pylist())) == table.num_rows, name
     assert sum((RAW / f"{n}.parquet").stat().st_size for n in SCHEMAS) < 5 * 2**20
 
 
@@ -105,11 +110,12 @@ def test_rejected_solutions_are_plausible_and_wrong(committed):
 
 def test_rl_and_eval_gold_answers_are_the_arithmetic_result():
     rng = random.Random(0)
-    for level in (1, 2, 3):
+    for level in (1, 2, 3, 4):
         for _ in range(200):
             p = draw_problem(rng, level)
-            assert p.answer >= 0 and _final(render_solution(p.steps)) == p.answer
-            assert len(p.steps) == (2 if level == 3 else 1)
+            assert p.answer > 0 and _final(render_solution(p.steps)) == p.answer
+            assert len(p.steps) == {1: 1, 2: 1, 3: 2, 4: 3}[level]
+            assert all(s.result > 0 for s in p.steps)  # no step leaves zero or fewer objects
 
 
 def test_wrong_solution_kinds():

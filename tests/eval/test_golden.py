@@ -52,7 +52,7 @@ def test_accept_copies_the_latest_decodes_and_reports_no_change_after(tmp_path, 
     root = _tree(tmp_path, {"sft": ["a"], "dpo": ["b"]})
     assert main(["accept", "--profile", "smoke", "--root", str(root)]) == 0
     out = capsys.readouterr().out
-    assert "dpo: anchor updated (no_anchor before)" in out and "sft: anchor updated" in out
+    assert "dpo: anchor updated (no_anchor before" in out and "sft: anchor updated" in out
     anchor = read_anchor(root / "configs/smoke/golden/sft.json")
     assert compare(_record(["a"]), anchor)["status"] == "match"
     assert accept(root, "smoke", ["sft"]) == ["sft: unchanged"]
@@ -69,3 +69,23 @@ def test_an_anchor_of_another_format_is_refused(tmp_path):
     path.write_text(json.dumps({"format": 99}))
     with pytest.raises(ValueError, match="format 99"):
         read_anchor(path)
+
+
+def test_an_anchor_holds_several_hosts_checkpoints_and_checks_each_exactly(tmp_path):
+    root = _tree(tmp_path, {"sft": ["a", "b"]})
+    accept(root, "smoke", ["sft"])
+    other = root / "runs/smoke/golden_eval/sft/out/golden.json"
+    other.write_text(json.dumps(_record(["a", "c"], ckpt="c2")))  # another host trained another checkpoint
+    lines = accept(root, "smoke", ["sft"], add=True)
+    assert "entry added" in lines[0] and "2 checkpoint(s)" in lines[0]
+    anchor = read_anchor(root / "configs/smoke/golden/sft.json")
+    assert [e["checkpoint_content_hash"] for e in anchor["entries"]] == ["c1", "c2"]
+    for ckpt, texts in (("c1", ["a", "b"]), ("c2", ["a", "c"])):  # each host's checkpoint matches its own entry
+        v = compare(_record(texts, ckpt=ckpt), anchor)
+        assert v["status"] == "match" and v["recorded_checkpoint"]
+    v = compare(_record(["a", "x"], ckpt="c2"), anchor)  # a recorded checkpoint decoding otherwise: the engine
+    assert v["status"] == "mismatch" and v["anchor_checkpoint_content_hash"] == "c2"
+    v = compare(_record(["z", "x"], ckpt="c3"), anchor)
+    assert v["status"] == "checkpoint_changed" and len(v["anchor_hosts"]) == 2
+    assert "updated" in accept(root, "smoke", ["sft"])[0]  # without --add: this checkpoint alone
+    assert len(read_anchor(root / "configs/smoke/golden/sft.json")["entries"]) == 1

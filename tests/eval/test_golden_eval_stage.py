@@ -97,7 +97,7 @@ def test_metrics_outputs_and_golden_regression(project):
     rows = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     assert len(rows) == 6 + 4 * 2 and sum(r["reward"] for r in rows if r["pass"] == "greedy") == 3
 
-    assert accept(project, "smoke") == [f"sft: anchor updated (no_anchor before) -> "
+    assert accept(project, "smoke") == [f"sft: anchor updated (no_anchor before, 1 checkpoint(s)) -> "
                                         f"{project / 'configs/smoke/golden/sft.json'}"]
     code, m, _ = _eval(project, "sft")
     assert code == 0 and m["golden"]["status"] == "match" and m["golden"]["passed"]

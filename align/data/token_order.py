@@ -11,7 +11,9 @@ Epoch e of the stream is built in three pure steps (every rank computes the same
    fill a window is dropped). A document may run across two windows; each window carries `document_ids` and
    `position_ids` that restart at every document start inside it, so attention never crosses a document (the
    model's block-diagonal mask, the same batch layout as packed SFT, align.data.collate), and the label of every
-   document's first token is -100 (it would be predicted from the previous document's EOS).
+   document's first token is -100 (it would be predicted from the previous document's EOS). With `packing =
+   "greedy" | "ffd"` an instance is instead a padded row of whole document pieces placed by SFT's bin packing
+   (align.data.token_bins); everything below holds for both.
 
 The address of the data is a token count: optimizer step s covers the instances [s G, (s + 1) G) of the global
 instance sequence (G = world_size x grad_accum x micro_batch_size instances), rank r takes micro-batches a x
@@ -22,6 +24,7 @@ differs); a changed corpus, seed, seq_len or mixture is refused."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import torch
@@ -30,6 +33,7 @@ from align.data.collate import IGNORE_INDEX
 from align.data.loader import StepBatch, resolve_rank
 from align.data.order import epoch_order
 from align.data.pretrain_corpus import Corpus, Split
+from align.data.token_bins import BinStream, bin_row, bin_stream
 from align.exceptions import ArtifactError, ConfigError
 
 STATE_VERSION = 1
@@ -45,6 +49,10 @@ class TokenLoaderConfig:
     grad_accum: int = 1
     epoch_tokens: int | None = None  # tokens per epoch of the mixture; None: the training split's size
     max_repetition: float = 4.0  # most times one source's documents may be used within one epoch
+    # windows: fixed windows over the packed stream (no padding, documents split at window ends); greedy / ffd:
+    # rows of whole pieces bin-packed as in SFT (align.data.token_bins: padding, no split of a fitting document)
+    packing: Literal["windows", "greedy", "ffd"] = "windows"
+    pad_id: int = 0  # greedy / ffd: id under attention_mask False
 
     def __post_init__(self):
         for name in ("seq_len", "micro_batch_size", "grad_accum"):
@@ -110,7 +118,8 @@ def window(split: Split, stream: EpochStream, k: int, seq_len: int) -> dict[str,
 def collate_windows(windows: list[dict[str, np.ndarray]]) -> dict[str, torch.Tensor]:
     """Windows -> the packed batch layout of docs/CONTRACTS.md (no padding: every window is full)."""
     batch = {k: torch.from_numpy(np.stack([w[k] for w in windows])) for k in windows[0]}
-    batch["attention_mask"] = torch.ones_like(batch["input_ids"], dtype=torch.bool)
+    if "attention_mask" not in batch:  # a window is full; a bin row says where its padding is
+        batch["attention_mask"] = torch.ones_like(batch["input_ids"], dtype=torch.bool)
     return batch
 
 
@@ -131,13 +140,18 @@ class TokenLoader:
     def instances_per_step(self) -> int:
         return self.world_size * self.cfg.grad_accum * self.cfg.micro_batch_size
 
-    def stream(self, epoch: int) -> EpochStream:
+    def stream(self, epoch: int) -> EpochStream | BinStream:
         """Epoch `epoch`'s stream; the two most recently built are cached (a step spans at most two epochs)."""
         if epoch not in self._streams:
-            docs = mixture_documents(self.corpus, self.cfg, self.seed, epoch)
-            ends = np.cumsum(self.corpus.train.lengths[docs])
+            cfg, split = self.cfg, self.corpus.train
+            docs = mixture_documents(self.corpus, cfg, self.seed, epoch)
+            if cfg.packing == "windows":
+                ends = np.cumsum(split.lengths[docs])
+                stream = EpochStream(docs, ends, int(ends[-1]) // cfg.seq_len)
+            else:
+                stream = bin_stream(split, docs, cfg.seq_len, cfg.packing, self.seed, epoch)
             self._streams = {e: s for e, s in self._streams.items() if e >= epoch - 1}
-            self._streams[epoch] = EpochStream(docs, ends, int(ends[-1]) // self.cfg.seq_len)
+            self._streams[epoch] = stream
         return self._streams[epoch]
 
     def locate(self, instance: int) -> tuple[int, int]:
@@ -150,7 +164,9 @@ class TokenLoader:
 
     def instance(self, index: int) -> dict[str, np.ndarray]:
         epoch, k = self.locate(index)
-        return window(self.corpus.train, self.stream(epoch), k, self.cfg.seq_len)
+        if self.cfg.packing == "windows":
+            return window(self.corpus.train, self.stream(epoch), k, self.cfg.seq_len)
+        return bin_row(self.corpus.train, self.stream(epoch), k, self.cfg.seq_len, self.cfg.pad_id)
 
     def __iter__(self):
         cfg, g = self.cfg, self.instances_per_step
@@ -179,7 +195,7 @@ class TokenLoader:
                 "corpus": self.corpus.digest, "order": self._order_identity()}
 
     def _order_identity(self) -> dict:
-        return {"seq_len": self.cfg.seq_len, "epoch_tokens": self.cfg.epoch_tokens,
+        return {"seq_len": self.cfg.seq_len, "epoch_tokens": self.cfg.epoch_tokens, "packing": self.cfg.packing,
                 "weights": list(self.corpus.weights), "names": list(self.corpus.names)}
 
     def load_state_dict(self, state: dict) -> None:

@@ -26,7 +26,7 @@ import torch
 
 from align.config import load_cli_config, run_dir_from_env, write_resolved_config
 from align.data.pretrain_corpus import CorpusConfig, build_corpus
-from align.data.token_order import TokenLoader, TokenLoaderConfig, heldout_batches
+from align.data.token_order import TokenLoader, TokenLoaderConfig, heldout_batches, mixture_documents
 from align.exit_codes import exit_stage
 from align.profile import CommonConfig
 from align.stages.sft import SftModelConfig, base_identity, build_model, build_module, fit_and_publish
@@ -62,9 +62,8 @@ class PretrainStageConfig(CommonConfig):
 
 def mixture_shares(loader: TokenLoader) -> dict[str, float]:
     """Token share of each source in epoch 0 of the stream (the weights, as realised by whole documents)."""
-    stream, split = loader.stream(0), loader.corpus.train
-    tokens = np.bincount(split.source[stream.docs], weights=split.lengths[stream.docs],
-                         minlength=len(loader.corpus.names))
+    docs, split = mixture_documents(loader.corpus, loader.cfg, loader.seed, 0), loader.corpus.train
+    tokens = np.bincount(split.source[docs], weights=split.lengths[docs], minlength=len(loader.corpus.names))
     return {name: float(t / tokens.sum()) for name, t in zip(loader.corpus.names, tokens)}
 
 

@@ -172,3 +172,48 @@ def test_instances_are_numbered_across_epochs():
     n0, n1 = loader.stream(0).instances, loader.stream(1).instances
     assert loader.locate(n0 + n1 + 3) == (2, 3) and loader.locate(n0 - 1) == (0, n0 - 1)
     assert loader.locate(n0) == (1, 0)  # asked after epoch 2: the remembered sizes still answer
+
+
+@pytest.mark.parametrize("packing", ["greedy", "ffd"])
+def test_bin_rows_hold_whole_pieces(packing):
+    corpus = _corpus(sizes=(40, 20))
+    cfg = TokenLoaderConfig(seq_len=16, micro_batch_size=2, packing=packing, pad_id=7)
+    loader = TokenLoader(corpus, cfg, seed=3, rank=0, world_size=1)
+    stream = loader.stream(0)
+    train, seen = corpus.train, {}
+    for k in range(stream.instances):
+        row = loader.instance(k)
+        pad = row["document_ids"] == -1
+        assert np.array_equal(row["attention_mask"], ~pad) and (row["input_ids"][pad] == 7).all()
+        assert (row["labels"][pad] == IGNORE_INDEX).all()
+        for d in np.unique(row["document_ids"][~pad]):
+            at = np.flatnonzero(row["document_ids"] == d)
+            tokens = row["input_ids"][at]
+            doc = int(tokens[0] // 1000 - 1)
+            assert (tokens // 1000 == doc + 1).all() and np.array_equal(row["position_ids"][at], np.arange(len(at)))
+            assert row["labels"][at[0]] == IGNORE_INDEX and np.array_equal(row["labels"][at[1:]], tokens[1:])
+            seen.setdefault(doc, []).extend((tokens % 1000).tolist())
+    picked = np.unique(stream.doc)
+    for doc in picked.tolist():  # every piece of every picked document, each token once per pick
+        n = int(train.lengths[doc])
+        picks = int((stream.doc == doc).sum()) // -(-n // 16)
+        assert sorted(seen[doc]) == sorted(list(range(n)) * picks)
+
+
+def test_ffd_fills_rows_better_than_greedy_and_long_documents_are_cut():
+    corpus = _corpus(sizes=(40, 20))
+    rows = {p: TokenLoader(corpus, TokenLoaderConfig(seq_len=16, packing=p), seed=3, rank=0,
+                           world_size=1).stream(0) for p in ("greedy", "ffd")}
+    assert rows["ffd"].instances < rows["greedy"].instances
+    assert (rows["ffd"].length <= 16).all() and (rows["ffd"].offset > 0).any()  # documents of 17-24 tokens: cut
+
+
+@pytest.mark.parametrize("packing", ["greedy", "ffd"])
+def test_bin_rows_are_world_size_invariant(packing):
+    corpus = _corpus()
+    one = TokenLoader(corpus, TokenLoaderConfig(seq_len=16, micro_batch_size=2, grad_accum=2, packing=packing),
+                      seed=5, rank=0, world_size=1)
+    two = TokenLoader(corpus, TokenLoaderConfig(seq_len=16, micro_batch_size=2, grad_accum=1, packing=packing),
+                      seed=5, rank=0, world_size=2)
+    a, b = _global(one, 5, 1), _global(two, 5, 2)
+    assert all(np.array_equal(x, y) for x, y in zip(a, b)) and len(a) == 10

@@ -91,6 +91,15 @@ def test_heldout_perplexity_falls_and_the_checkpoint_is_published(root, tmp_path
     assert set(final["inputs"]) == {"corpus", "base"}
 
 
+def test_bin_packed_rows_train_too(root, tmp_path):
+    run_dir = tmp_path / "pretrain_checkpoint"
+    assert pretrain(root, run_dir, "train.max_steps=12", "loader.packing=ffd") == 0
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["heldout_ppl_after"] < metrics["heldout_ppl_before"] / 4  # 32,253 -> 6,070 in 12 steps
+    rows = read_history(run_dir / "history.jsonl")
+    assert sum(r["input_tokens"] for r in rows) < 12 * 4 * 64  # padded rows: fewer real tokens than row slots
+
+
 def test_sigterm_resume_is_bitwise_equal(root, tmp_path):
     full, cut = tmp_path / "full" / "pretrain_checkpoint", tmp_path / "cut" / "pretrain_checkpoint"
     assert pretrain(root, full, "train.max_steps=10") == 0

@@ -16,6 +16,7 @@ class Behaviour:
     extra_length: int = 0  # announce this many bytes more than the file has (a server lying about the length)
     token: str | None = None  # required bearer token; missing or wrong: 401
     fail_status: int | None = None  # answer every request with this status
+    redirect_to: str | None = None  # answer 302 to this path (a hub's resolve URL pointing at its CDN)
 
 
 @dataclass
@@ -29,6 +30,7 @@ class LoopbackServer:
     def __init__(self):
         self.files: dict[str, Served] = {}
         self.log: list[tuple[str, str | None]] = []  # (path, Range header) of every request
+        self.authorised: list[tuple[str, bool]] = []  # (path, whether an Authorization header came with it)
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
@@ -62,6 +64,7 @@ def _handler(server: LoopbackServer):
         def do_GET(self):
             with server._lock:
                 server.log.append((self.path, self.headers.get("Range")))
+                server.authorised.append((self.path, self.headers.get("Authorization") is not None))
                 served = server.files.get(self.path)
                 if served is not None:
                     served.gets += 1
@@ -70,6 +73,11 @@ def _handler(server: LoopbackServer):
             b = served.behaviour
             if b.fail_status is not None:
                 return self._status(b.fail_status)
+            if b.redirect_to is not None:
+                self.send_response(302)
+                self.send_header("Location", b.redirect_to)
+                self.send_header("Content-Length", "0")
+                return self.end_headers()
             if b.token is not None and self.headers.get("Authorization") != f"Bearer {b.token}":
                 return self._status(401)
             announced = len(served.data) + b.extra_length

@@ -233,3 +233,18 @@ def test_source_config_from_toml_tables():
         from_dict(SourceConfig, {"kind": "sft", "format": "gsm8k"})
     with pytest.raises(ConfigError, match="url must start with http"):
         from_dict(SourceConfig, {"url": "ftp://x/a.parquet", "kind": "sft", "format": "gsm8k"})
+
+
+def test_a_hub_redirect_to_its_cdn_keeps_ranges_and_drops_the_token(server, tmp_path, monkeypatch):
+    data = _parquet(tmp_path, n=3000, row_group_size=500)
+    server.serve("/cdn/abc123", data)
+    url = server.serve("/datasets/x/resolve/main/train.parquet", b"", redirect_to="/cdn/abc123")
+    monkeypatch.setenv("ALIGN_TEST_HUB_TOKEN", "s3cret")
+    http = HttpConfig(retries=1, backoff_s=0.0, token_env="ALIGN_TEST_HUB_TOKEN")
+    manifest = ingest_source("g", SourceConfig(url=url, kind="prompts", format="gsm8k", http=http), tmp_path / "out")
+    assert manifest["rows_out"] == 3000 and manifest["inputs"] == {url: hashlib.sha256(data).hexdigest()}
+    cdn = server.ranges_of("/cdn/abc123")
+    assert len(cdn) == len(server.ranges_of("/datasets/x/resolve/main/train.parquet")) > 3
+    assert cdn[0] == "bytes=0-0" and None in cdn  # the Range header survived the redirect
+    assert all(sent for path, sent in server.authorised if path.startswith("/datasets/"))
+    assert not any(sent for path, sent in server.authorised if path.startswith("/cdn/"))

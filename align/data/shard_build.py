@@ -26,6 +26,7 @@ from align.data.ingest_parquet import MANIFEST_KIND as RECORDS_KIND
 from align.data.ingest_parquet import RECORDS
 from align.data.schema import from_row
 from align.data.store import FORMAT_VERSION, KIND, ShardStats, shard_name, write_shard
+from align.exceptions import ArtifactError
 from align.tokenizer import Tokenizer, TokenizerConfig
 from align.utils.fsio import atomic_write_json, publish_dir
 from align.utils.manifest import manifest_digest, read_manifest, write_manifest
@@ -120,6 +121,10 @@ def build_shards(records_dir: str | Path, out_dir: str | Path, tokenizer: Tokeni
     records_dir, out_dir = Path(records_dir), Path(out_dir)
     ingest = read_manifest(records_dir, kind=RECORDS_KIND)
     kind = ingest["record_kind"]
+    if kind not in SEQS_PER_ROW:  # "steps": PRM800K's step labels are a reward model's data, not chat shards
+        raise ArtifactError(f"{records_dir}: records of kind {kind!r} have no chat-shard layout (shards build "
+                            f"{', '.join(SEQS_PER_ROW)}); a step-labelled set is read as records "
+                            "(align.data.ingest_parquet.iter_records)")
     tok = _tokenizer(tokenizer)
     records = records_dir / RECORDS
     n_groups = pq.ParquetFile(records).num_row_groups

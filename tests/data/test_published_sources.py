@@ -16,6 +16,7 @@ from align.data.hub import HttpConfig
 from align.data.ingest_parquet import RECORDS, SourceConfig, ingest_source, iter_records
 from align.data.outcome_agreement import outcome_agreement
 from align.data.schema import StepLabelled
+from align.tokenizer import TokenizerConfig
 from align.exceptions import ConfigError, DataError
 from tests.data.loopback_http import LoopbackServer
 
@@ -234,3 +235,14 @@ def test_ingest_worker_reports_outcome_agreement(tmp_path, monkeypatch, capsys):
     assert metrics["rows_out"] == 4 and metrics["outcome_agreement"]["compared"] == 3
     assert "disagreements" not in metrics["outcome_agreement"]  # the manifest lists them; the receipt counts
     assert "verifier agrees with the final-answer labels on 0.667 of 3 finished" in capsys.readouterr().out
+
+
+def test_step_records_are_refused_by_the_chat_shard_build(tmp_path):
+    from align.data.shard_build import build_shards
+    from align.exceptions import ArtifactError
+
+    path = _jsonl(tmp_path / "p.jsonl", [PHASE1])
+    ingest_source("prm", SourceConfig(path=str(path), kind="steps", format="prm800k"), tmp_path / "records")
+    with pytest.raises(ArtifactError, match="records of kind 'steps' have no chat-shard layout"):
+        build_shards(tmp_path / "records", tmp_path / "shards", TokenizerConfig())
+    assert not (tmp_path / "shards").exists()

@@ -22,8 +22,9 @@ import torch
 
 from align.exceptions import ArtifactError, CheckpointError
 from align.model.attention import AttentionConfig
+from align.model.family import family_of_config, family_of_model
 from align.model.hf_config import CONFIG_FILE, MistralConfig, load_hf_config, save_hf_config
-from align.model.mistral import MistralForCausalLM, MistralForProcessReward, MistralForValueHead
+from align.model.mistral import MistralForCausalLM, MistralForProcessReward
 from align.model.safetensors_io import FLOAT_DTYPES, hash_tensors, read_header, read_into, weight_map, write_weights
 from align.utils.fsio import publish_dir, staging_dir
 from align.utils.manifest import MANIFEST, read_manifest, write_manifest
@@ -35,7 +36,6 @@ CHECKPOINT_KIND = "hf_checkpoint"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
                    "tokenizer.model.v3", "chat_template.jinja")
 VENDORED_TOKENIZER_VOCAB = 32768  # the vendored Mistral v0.3 tokenizer, the fallback when a snapshot has none
-ARCHITECTURES = {cls.hf_architecture: cls for cls in (MistralForCausalLM, MistralForValueHead, MistralForProcessReward)}
 
 
 def resolve_checkpoint_dir(path: str | os.PathLike) -> Path:
@@ -58,7 +58,9 @@ def save_state_dict(state: dict[str, torch.Tensor], cfg: MistralConfig, out_dir:
                     architecture: str = MistralForCausalLM.hf_architecture, config_extra: dict | None = None,
                     max_shard_bytes: int | None = None, tokenizer_dir: str | os.PathLike | None = None,
                     dtype: torch.dtype | None = None, inputs: dict | None = None) -> Path:
-    """Write a full (unsharded, on-CPU-able) state dict as an HF checkpoint at `out_dir`, atomically."""
+    """Write a full (unsharded, on-CPU-able) state dict as an HF checkpoint at `out_dir`, atomically, in the file
+    layout of `cfg`'s family (OLMoE: the hub's per-expert keys)."""
+    state = family_of_config(cfg).to_file(state)
     final = Path(out_dir)
     staging = staging_dir(final)
     try:
@@ -110,7 +112,7 @@ def _check_manifest(ckpt: Path) -> dict | None:
 def _plan_load(model, ckpt: Path, ignore_missing: tuple[str, ...], ignore_unexpected: tuple[str, ...]):
     """Check every key, shape and dtype against the files' headers before any tensor is read."""
     mapping = weight_map(ckpt)
-    params = model.state_dict(keep_vars=True)
+    params = family_of_model(model).file_targets(model.state_dict(keep_vars=True))
     tied = model.config.tie_word_embeddings and "lm_head.weight" in params
     if tied:
         params.pop("lm_head.weight")
@@ -165,11 +167,17 @@ def _head_kwargs(cls, ckpt: Path) -> dict:
 
 
 def load_checkpoint(dir: str | os.PathLike, *, dtype: torch.dtype = torch.float32, device="cpu",
-                    attn: AttentionConfig | None = None, cls=MistralForCausalLM):
-    """Build the model from config.json and load its weights. Parameters are allocated once, directly in `dtype`
-    on `device` (meta-device build), and filled tensor by tensor: never two full copies of the weights."""
+                    attn: AttentionConfig | None = None, cls=None):
+    """Build the model from config.json and load its weights. The family comes from config.json's model_type;
+    `cls` (default: the family's causal LM) must be one of that family's models. Parameters are allocated once,
+    directly in `dtype` on `device` (meta-device build), and filled tensor by tensor: never two full copies."""
     ckpt = resolve_checkpoint_dir(dir)
     cfg = load_hf_config(ckpt)
+    family = family_of_config(cfg)
+    cls = family.causal_lm if cls is None else cls
+    if cls not in family.models:
+        raise CheckpointError(f"{ckpt}: a {family.name} checkpoint cannot be loaded as {cls.__name__} "
+                              f"(family models: {[m.__name__ for m in family.models]})")
     with torch.device("meta"):
         model = cls(cfg, attn, init=False, **_head_kwargs(cls, ckpt)).to(dtype)
     model = model.to_empty(device=device)
@@ -185,6 +193,9 @@ def tokenizer_dir_for(dir: str | os.PathLike) -> Path | None:
     if (ckpt / "tokenizer.json").is_file():
         return ckpt
     cfg = load_hf_config(ckpt)
+    if not family_of_config(cfg).vendored_tokenizer:
+        raise CheckpointError(f"{ckpt}: no tokenizer.json, and a {family_of_config(cfg).name} checkpoint has no "
+                              "vendored fallback; pass an explicit tokenizer directory")
     if cfg.vocab_size != VENDORED_TOKENIZER_VOCAB:
         raise CheckpointError(f"{ckpt}: no tokenizer.json, and vocab_size {cfg.vocab_size} is not the vendored "
                               f"Mistral v0.3 tokenizer's {VENDORED_TOKENIZER_VOCAB}; cannot pick a tokenizer")

@@ -90,35 +90,55 @@ REQUIRED_VALUES = {
 MODEL_TYPES = ("mistral",)
 
 
-def config_from_hf_dict(data: dict, source: str = "<dict>") -> MistralConfig:
-    """Map a parsed `config.json` onto `MistralConfig`, refusing anything the model does not implement."""
-    if data.get("model_type", "mistral") not in MODEL_TYPES:
-        raise CheckpointError(f"{source}: model_type is {data['model_type']!r}; this model implements {MODEL_TYPES}")
-    for key, allowed in REQUIRED_VALUES.items():
+@dataclass(frozen=True)
+class ConfigSpec:
+    """How one family's `config.json` maps onto its config dataclass (align.model.family holds one per family)."""
+
+    cls: type
+    model_type: str
+    defaults: dict  # transformers' defaults for omitted keys
+    ignored: frozenset  # keys with no effect on the forward pass
+    required: dict  # keys accepted only at these values
+    written: dict  # constant keys transformers writes for this family (the implemented values)
+    aliases: dict = dataclasses.field(default_factory=dict)  # another spelling -> the field name
+    not_written: tuple = ()  # dataclass fields the family's transformers config does not have
+
+
+MISTRAL_SPEC = ConfigSpec(MistralConfig, "mistral", HF_DEFAULTS, IGNORED_KEYS, REQUIRED_VALUES,
+                          written={"hidden_act": "silu", "attention_dropout": 0.0})
+
+
+def config_from_hf_dict(data: dict, source: str = "<dict>", spec: ConfigSpec = MISTRAL_SPEC):
+    """Map a parsed `config.json` onto the family's config, refusing anything the model does not implement."""
+    if data.get("model_type", spec.model_type) != spec.model_type:
+        raise CheckpointError(f"{source}: model_type is {data['model_type']!r}; this reader implements "
+                              f"{spec.model_type!r}")
+    data = {spec.aliases.get(k, k): v for k, v in data.items()}
+    for key, allowed in spec.required.items():
         if key in data and data[key] not in allowed:
             raise CheckpointError(f"{source}: field {key!r} = {data[key]!r} is not implemented "
                                   f"(supported: {', '.join(repr(a) for a in allowed)})")
-    fields = {f.name for f in dataclasses.fields(MistralConfig)}
-    values = {k: data.get(k, HF_DEFAULTS[k]) for k in fields if k != "rope_theta"}
-    values["rope_theta"] = _rope_theta(data, source)
-    unknown = sorted(set(data) - fields - IGNORED_KEYS - set(REQUIRED_VALUES) - {"rope_parameters"})
+    fields = {f.name for f in dataclasses.fields(spec.cls)}
+    values = {k: data.get(k, spec.defaults[k]) for k in fields if k != "rope_theta"}
+    values["rope_theta"] = _rope_theta(data, source, spec.defaults)
+    unknown = sorted(set(data) - fields - spec.ignored - set(spec.required) - {"rope_parameters"})
     if unknown:
         raise CheckpointError(f"{source}: unsupported field(s) {unknown}; refusing to guess their effect")
     if values["num_key_value_heads"] is None:
         values["num_key_value_heads"] = values["num_attention_heads"]
     if isinstance(values["eos_token_id"], list):
         raise CheckpointError(f"{source}: field 'eos_token_id' is a list {values['eos_token_id']}; one id expected")
-    _check_types(values, source)
+    _check_types(values, source, spec.cls)
     try:
-        return MistralConfig(**values)
+        return spec.cls(**values)
     except (TypeError, ValueError) as exc:
         raise CheckpointError(f"{source}: {exc}") from exc
 
 
-def _rope_theta(data: dict, source: str) -> float:
+def _rope_theta(data: dict, source: str, defaults: dict) -> float:
     params = data.get("rope_parameters")
     if params is None:
-        return float(data.get("rope_theta", HF_DEFAULTS["rope_theta"]))
+        return float(data.get("rope_theta", defaults["rope_theta"]))
     if not isinstance(params, dict):
         raise CheckpointError(f"{source}: field 'rope_parameters' must be an object, got {params!r}")
     rope_type = params.get("rope_type", params.get("type", "default"))
@@ -128,11 +148,11 @@ def _rope_theta(data: dict, source: str) -> float:
     extra = sorted(set(params) - {"rope_type", "type", "rope_theta"})
     if extra:
         raise CheckpointError(f"{source}: field 'rope_parameters' has unsupported keys {extra}")
-    return float(params.get("rope_theta", data.get("rope_theta", HF_DEFAULTS["rope_theta"])))
+    return float(params.get("rope_theta", data.get("rope_theta", defaults["rope_theta"])))
 
 
-def _check_types(values: dict, source: str) -> None:
-    for f in dataclasses.fields(MistralConfig):
+def _check_types(values: dict, source: str, cls: type) -> None:
+    for f in dataclasses.fields(cls):
         v = values[f.name]
         optional = "None" in str(f.type)
         if v is None and optional:
@@ -144,8 +164,8 @@ def _check_types(values: dict, source: str) -> None:
             values[f.name] = float(v)
 
 
-def load_hf_config(dir_or_file: str | os.PathLike) -> MistralConfig:
-    """Read `config.json` (a checkpoint directory or the file itself)."""
+def read_config_json(dir_or_file: str | os.PathLike) -> tuple[dict, Path]:
+    """The parsed `config.json` of a checkpoint directory (or the file itself) and its path."""
     path = Path(dir_or_file)
     if path.is_dir():
         path = path / CONFIG_FILE
@@ -157,15 +177,27 @@ def load_hf_config(dir_or_file: str | os.PathLike) -> MistralConfig:
         raise CheckpointError(f"{path}: unreadable config.json ({exc})") from exc
     if not isinstance(data, dict):
         raise CheckpointError(f"{path}: config.json must hold a JSON object")
-    return config_from_hf_dict(data, source=str(path))
+    return data, path
 
 
-def hf_config_dict(cfg: MistralConfig, *, architecture: str = "MistralForCausalLM", dtype: str = "float32",
+def load_hf_config(dir_or_file: str | os.PathLike):
+    """Read `config.json` with the reader of the family its `model_type` names (align.model.family)."""
+    from align.model.family import family_of_config_dict  # NOTE: local import: family imports every family's model
+
+    data, path = read_config_json(dir_or_file)
+    return config_from_hf_dict(data, str(path), family_of_config_dict(data, str(path)).spec)
+
+
+def hf_config_dict(cfg, *, architecture: str = "MistralForCausalLM", dtype: str = "float32",
                    extra: dict | None = None) -> dict:
     """The `config.json` content transformers writes for this architecture (rope in both spellings)."""
-    data = dataclasses.asdict(cfg)
+    from align.model.family import family_of_config
+
+    spec = family_of_config(cfg).spec
+    data = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in spec.not_written}
+    data.update(spec.written)
     data.update({
-        "architectures": [architecture], "model_type": "mistral", "hidden_act": "silu", "attention_dropout": 0.0,
+        "architectures": [architecture], "model_type": spec.model_type,
         "rope_parameters": {"rope_theta": cfg.rope_theta, "rope_type": "default"}, "dtype": dtype,
         "use_cache": True,
     })
@@ -173,7 +205,7 @@ def hf_config_dict(cfg: MistralConfig, *, architecture: str = "MistralForCausalL
     return dict(sorted(data.items()))
 
 
-def save_hf_config(cfg: MistralConfig, dir: str | os.PathLike, **kwargs) -> Path:
+def save_hf_config(cfg, dir: str | os.PathLike, **kwargs) -> Path:
     """Write `dir/config.json` atomically. kwargs: see `hf_config_dict`."""
     path = Path(dir) / CONFIG_FILE
     atomic_write_json(path, hf_config_dict(cfg, **kwargs))

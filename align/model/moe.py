@@ -44,9 +44,9 @@ class Routing:
 
 
 def route(logits: torch.Tensor, top_k: int, norm_topk_prob: bool) -> Routing:
-    """logits (N, E) -> Routing. Softmax over all experts in fp32, then top-k of the probabilities;
+    """logits (N, E) -> Routing. Softmax over all experts in fp32 (fp64 for fp64 logits), then top-k;
     `norm_topk_prob` rescales the k chosen probabilities to sum to one (off for OLMoE-1B-7B)."""
-    probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+    probs = torch.softmax(logits, dim=-1, dtype=torch.promote_types(logits.dtype, torch.float32))  # fp64 stays
     weights, ids = torch.topk(probs, top_k, dim=-1)
     if norm_topk_prob:
         weights = weights / weights.sum(dim=-1, keepdim=True)
@@ -214,10 +214,10 @@ class RouterStats:
 
     counts and tokens are plain numbers (no gradient); prob_sums and z_sums carry the router's gradient."""
 
-    counts: torch.Tensor  # (L, E) fp32: top-k assignments per expert
-    prob_sums: torch.Tensor  # (L, E) fp32: router probabilities summed over tokens
-    z_sums: torch.Tensor  # (L,) fp32: sum over tokens of logsumexp(logits)^2
-    tokens: torch.Tensor  # () fp32: tokens counted (the same in every layer)
+    counts: torch.Tensor  # (L, E) router dtype (fp32; fp64 for an fp64 model): top-k assignments per expert
+    prob_sums: torch.Tensor  # (L, E): router probabilities summed over tokens
+    z_sums: torch.Tensor  # (L,): sum over tokens of logsumexp(logits)^2
+    tokens: torch.Tensor  # (): tokens counted (the same in every layer)
     top_k: int
 
     @property
@@ -233,19 +233,18 @@ class RouterStats:
                     mask: torch.Tensor | None = None) -> "RouterStats":
         """layer_logits: per layer (N, E) router logits; mask (N,) bool/0-1, True = count this token."""
         counts, probs, zs = [], [], []
-        weight = None if mask is None else mask.reshape(-1, 1).to(torch.float32)
+        weight = None if mask is None else mask.reshape(-1, 1).float()
         for logits in layer_logits:
             routing = route(logits, top_k, norm_topk_prob=False)
             p = routing.probs
             hits = torch.zeros_like(p).scatter_(1, routing.topk_ids, 1.0).detach()
-            z = torch.logsumexp(logits.float(), dim=-1, keepdim=True).square()
+            z = torch.logsumexp(logits.to(p.dtype), dim=-1, keepdim=True).square()
             if weight is not None:
                 hits, p, z = hits * weight, p * weight, z * weight
             counts.append(hits.sum(0))
             probs.append(p.sum(0))
             zs.append(z.sum())
-        n = layer_logits[0].new_tensor(layer_logits[0].shape[0] if mask is None else float(weight.sum()),
-                                       dtype=torch.float32)
+        n = probs[0].new_tensor(layer_logits[0].shape[0] if mask is None else float(weight.sum()))
         return RouterStats(torch.stack(counts), torch.stack(probs), torch.stack(zs), n, top_k)
 
     def __add__(self, other: "RouterStats") -> "RouterStats":
@@ -256,7 +255,7 @@ class RouterStats:
         return RouterStats(self.counts, self.prob_sums.detach(), self.z_sums.detach(), self.tokens, self.top_k)
 
     def totals(self) -> torch.Tensor:
-        """Everything packed in one flat fp32 tensor (detached), for a single all-reduce."""
+        """Everything packed in one flat tensor (detached), for a single all-reduce."""
         return torch.cat([self.counts.flatten(), self.prob_sums.detach().flatten(), self.z_sums.detach(),
                           self.tokens.reshape(1)])
 

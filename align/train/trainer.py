@@ -35,11 +35,10 @@ from pathlib import Path
 import torch
 
 from align.exit_codes import NONFINITE_HALT, TRIPWIRE_HALT, WALL_BUDGET, write_halt_marker
-from align.model.checkpoint import save_state_dict
-from align.model.safetensors_io import weight_map
 from align.train import checkpoint as ckpt_io
 from align.train import faults
 from align.train.callbacks import Callback
+from align.train.ckpt_format import WeightFormat, weight_format_for
 from align.train.control import Flags, SkipTracker, StopSignals, agree, agreed_reason, halt_together
 from align.train.identity import identity_difference
 from align.train.rng import capture_rng_state, restore_rng_state
@@ -80,8 +79,10 @@ def _window(item) -> list[dict]:
 
 class Trainer:
     def __init__(self, config: TrainerConfig, module: TrainModule, loader, run_dir: str | os.PathLike,
-                 callbacks: list[Callback] = (), identity: dict | None = None):
+                 callbacks: list[Callback] = (), identity: dict | None = None,
+                 weight_format: WeightFormat | None = None):
         self.cfg, self.module, self.loader = config, module, loader
+        self._weight_format = weight_format  # None: the format of the module's model family
         self.identity = identity  # None: any checkpoint under run_dir is this run's (tests, ad-hoc loops)
         self.run_dir = Path(run_dir)
         self.ckpt_root = self.run_dir / "checkpoints"
@@ -226,12 +227,15 @@ class Trainer:
             cb.on_checkpoint_saved(self, path)
         return path
 
+    @property
+    def weight_format(self) -> WeightFormat:
+        """How weight files are written and read (align.train.ckpt_format): the model family's format."""
+        if self._weight_format is None:
+            self._weight_format = weight_format_for(self.module.model)
+        return self._weight_format
+
     def _write_weights(self, weights: dict, out_dir: Path, **kwargs) -> Path:
-        model = self.module.model
-        if model.config.tie_word_embeddings:
-            weights = {k: v for k, v in weights.items() if k != "lm_head.weight"}  # the tie lives in config.json
-        return save_state_dict(weights, model.config, out_dir, architecture=model.hf_architecture,
-                               config_extra=model.hf_config_extra(), **kwargs)
+        return self.weight_format.write(self.module.model, weights, out_dir, **kwargs)
 
     def resume(self) -> Path | None:
         """Restore everything from the newest complete checkpoint, if any (rank 0 chooses for all)."""
@@ -241,7 +245,7 @@ class Trainer:
             return None
         ckpt = Path(found)
         payload = ckpt_io.load_resume(ckpt)
-        self.module.load_model_state_dict(_read_weights(ckpt / ckpt_io.MODEL_DIR))
+        self.module.load_model_state_dict(self.weight_format.read(self.module.model, ckpt / ckpt_io.MODEL_DIR))
         self.module.load_state_dict(payload["module"])
         mine = payload["ranks"][rank()]
         self.module.load_extra_state(mine["extra"])
@@ -294,11 +298,3 @@ class Trainer:
               flush=True)
 
 
-def _read_weights(model_dir: Path):
-    """(name, tensor) pairs of an HF checkpoint, read one tensor at a time."""
-    from safetensors import safe_open
-
-    for path in sorted(set(weight_map(model_dir).values())):
-        with safe_open(str(path), framework="pt") as f:
-            for key in f.keys():
-                yield key, f.get_tensor(key)

@@ -71,7 +71,8 @@ def sft_windows(n_windows: int, accum: int, rows: int = 2, t: int = 16, vocab: i
 
 
 def build_sft(run_dir, *, max_steps=6, checkpoint_every=2, accum=2, optimizer="adamw", fault=None, callbacks=(),
-              model_seed=0, strategy="auto", loader=None, parallel=None, identity=None, **train_overrides):
+              model_seed=0, strategy="auto", loader=None, parallel=None, identity=None, model=None,
+              base=None, module_kwargs=None, **train_overrides):
     """A Trainer over a tiny model and an endless in-memory loader. `fault(module, batch, accum_info)` runs before
     each micro-batch (it may raise, signal, or set `module.poison = True` to make every later loss NaN)."""
     from align.train.optim import OptimizerConfig
@@ -82,7 +83,7 @@ def build_sft(run_dir, *, max_steps=6, checkpoint_every=2, accum=2, optimizer="a
     from align.train.train_module import TrainModuleConfig
     from align.train.trainer import Trainer, TrainerConfig
 
-    class Module(SftTrainModule):
+    class Module(base or SftTrainModule):
         poison = False
 
         def train_batch(self, batch, accum_info):
@@ -97,11 +98,11 @@ def build_sft(run_dir, *, max_steps=6, checkpoint_every=2, accum=2, optimizer="a
                 out.sums["ce_sum"] = out.sums["ce_sum"] * float("nan")
             return out
 
-    model = tiny_model(model_seed)
+    model = tiny_model(model_seed) if model is None else model
     cfg = TrainModuleConfig(optimizer=OptimizerConfig(name=optimizer, lr=3e-3, weight_decay=0.1),
                             scheduler=SchedulerConfig(name="cosine", warmup_steps=2),
                             parallel=ParallelConfig(strategy=strategy, **(parallel or {})))
-    module = Module(model, cfg, SftLossConfig(chunk_size=16), total_steps=max_steps, seed=7)
+    module = Module(model, cfg, SftLossConfig(chunk_size=16), total_steps=max_steps, seed=7, **(module_kwargs or {}))
     loader = loader if loader is not None else ListLoader(sft_windows(5, accum))
     tcfg = TrainerConfig(max_steps=max_steps, checkpoint_every=checkpoint_every, **train_overrides)
     return Trainer(tcfg, module, loader, run_dir, list(callbacks), identity=identity)

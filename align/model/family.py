@@ -1,0 +1,85 @@
+"""The model families align implements, keyed by `config.json`'s `model_type` (never guessed from key names).
+
+A `Family` says which config reader/writer, which model classes, and which weight layout on disk go together.
+Checkpoint code (align.model.checkpoint, align.train.ckpt_format) asks the registry instead of branching on a
+family, so a new family enters here and nowhere else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+
+import torch
+
+from align.exceptions import CheckpointError
+from align.model.hf_config import MISTRAL_SPEC, ConfigSpec
+from align.model.mistral import MistralForCausalLM, MistralForProcessReward, MistralForValueHead
+from align.model.olmoe import OlmoeForCausalLM
+from align.model.olmoe_checkpoint import OLMOE_SPEC, fuse_hub_pairs, hub_targets, to_hub_layout
+
+StateDict = dict[str, torch.Tensor]
+Pairs = Iterable[tuple[str, torch.Tensor]]
+
+
+def _same(x):
+    return x
+
+
+def _pairs_unchanged(pairs: Pairs, cfg) -> Iterator[tuple[str, torch.Tensor]]:
+    return iter(pairs)
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str  # = config.json's model_type
+    spec: ConfigSpec
+    models: tuple[type, ...]  # the first is the causal LM load_checkpoint builds by default
+    to_file: Callable[[StateDict], StateDict]  # model-layout state -> the file's keys
+    file_targets: Callable[[StateDict], StateDict]  # model parameters -> {file key: tensor to fill}
+    from_file: Callable[[Pairs, object], Iterator[tuple[str, torch.Tensor]]]  # (file pairs, config) -> model layout
+    vendored_tokenizer: bool  # may fall back to the vendored Mistral v0.3 tokenizer when a snapshot has none
+
+    @property
+    def causal_lm(self) -> type:
+        return self.models[0]
+
+    @property
+    def architectures(self) -> dict[str, type]:
+        return {cls.hf_architecture: cls for cls in self.models}
+
+
+FAMILIES: dict[str, Family] = {f.name: f for f in (
+    Family("mistral", MISTRAL_SPEC, (MistralForCausalLM, MistralForValueHead, MistralForProcessReward),
+           _same, _same, _pairs_unchanged, vendored_tokenizer=True),
+    # OLMoE ships its own 50304-token tokenizer: a checkpoint without tokenizer.json has no tokenizer
+    Family("olmoe", OLMOE_SPEC, (OlmoeForCausalLM,), to_hub_layout, hub_targets, fuse_hub_pairs,
+           vendored_tokenizer=False),
+)}
+
+
+def family_named(model_type: str, source: str = "<config>") -> Family:
+    if model_type not in FAMILIES:
+        raise CheckpointError(f"{source}: model_type is {model_type!r}; align implements {sorted(FAMILIES)}")
+    return FAMILIES[model_type]
+
+
+def family_of_config_dict(data: dict, source: str = "<config>") -> Family:
+    """The family a parsed config.json names (a file without model_type is read as Mistral, as before)."""
+    return family_named(data.get("model_type", "mistral"), source)
+
+
+def family_of_config(cfg) -> Family:
+    """The family whose config class `cfg` is exactly (OlmoeConfig extends MistralConfig: exact type decides)."""
+    for family in FAMILIES.values():
+        if type(cfg) is family.spec.cls:
+            return family
+    raise CheckpointError(f"no model family has config class {type(cfg).__name__}")
+
+
+def family_of_model(model) -> Family:
+    """By isinstance: FSDP2's fully_shard swaps a module's class for a subclass of it."""
+    for family in FAMILIES.values():
+        if isinstance(model, family.models):
+            return family
+    raise CheckpointError(f"no model family has model class {type(model).__name__}")

@@ -1,0 +1,190 @@
+"""`MoETrainModule`: the MoE objective on the TrainModule seam (seed 000 "Mixture of experts", seed 003 2.3).
+
+The model returns `RouterStats`; this module owns what is done with them. Nothing in the Trainer knows a router.
+
+- The loss adapter is unchanged: `loss(model, batch)` runs the base module's loss on a proxy of the model that
+  asks for `return_router_stats=True` (only while gradients are on, so a `no_grad` reference forward is never
+  counted) and keeps the stats.
+- Window buffer: per micro-batch, one packed all-reduce (SUM over ranks) of the detached stats, added to a
+  buffer that lives for one accumulation window (reset by `zero_grads`).
+- Global-scope load balance ("global"): f (the dispatch shares) comes from the buffer, P stays this rank's
+  differentiable prob sum. The Trainer scales every micro-batch's loss by world / global_units and the gradient
+  reduction averages over ranks, so the aux term is multiplied by global_units and normalised by the window's
+  token count, extrapolated from the micro-batches seen so far (n_buf * num_micro / (m + 1)): at the window's last
+  micro-batch f and the token count are exact, and the window's gradient is the gradient of one aux loss over
+  the whole global batch in the limit of f settled. "micro": each micro-batch's own f and tokens (ablation).
+- Router z-loss: the same scale, over the global token count.
+- Defaults: load balance 0.01 and z-loss 0.001 for pretraining-type stages, 0 for SFT, DPO and GRPO (a
+  pretrained router already balances its pretraining distribution, and narrow post-training data legitimately
+  skews expert use; DPO's and GRPO's objectives are differences of log-probabilities, to which a balance term
+  would add a gradient unrelated to the preference/reward). None means the stage default; a number overrides.
+- The reported loss is the CE alone (`sums` are the base loss's), comparable with dense runs; the aux term enters
+  the differentiable loss only, so a non-finite aux value makes the loss non-finite and the Trainer skips/halts.
+- Telemetry: `moe/*` columns from the last completed window in every history row (`self.last`).
+- `RouterCollapseTripwire` (a Trainer callback, armed by thresholds) halts on dead experts or MaxVio.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import nn
+
+from align.model.moe import LossConvention, RouterStats, expert_load_metrics, load_balancing_loss, router_z_loss
+from align.train.callbacks import Callback
+from align.train.train_module import AccumInfo, LossOutput, StepMetrics, StepOutcome, TrainModule
+from align.utils.dist import all_reduce_sum
+
+PRETRAIN_STAGES = ("pretrain", "proxy")
+PRETRAIN_DEFAULTS = (0.01, 0.001)  # (load balance, z-loss) for pretraining-type stages
+METRIC_KEYS = ("moe/lb_loss", "moe/z_loss", "moe/max_vio", "moe/utilization", "moe/frac_dead", "moe/load_entropy")
+
+
+@dataclass(frozen=True)
+class MoeAuxConfig:
+    """The [moe_aux] table."""
+
+    load_balance: float | None = None  # None: the stage default
+    z_loss: float | None = None
+    convention: LossConvention = "switch"
+    scope: Literal["global", "micro"] = "global"
+
+    def coefficients(self, stage: str) -> tuple[float, float]:
+        lb, z = PRETRAIN_DEFAULTS if stage in PRETRAIN_STAGES else (0.0, 0.0)
+        return (lb if self.load_balance is None else float(self.load_balance),
+                z if self.z_loss is None else float(self.z_loss))
+
+
+class _StatsProxy(nn.Module):
+    """The model, as the base loss sees it: forwards ask for router stats while gradients are on, and keep them."""
+
+    def __init__(self, model: nn.Module, sink: list):
+        super().__init__()
+        self.inner = model
+        self._sink = sink
+
+    def __getattr__(self, name):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(super().__getattr__("inner"), name)
+
+    def _call(self, fn, *args, **kwargs):
+        if not torch.is_grad_enabled():
+            return fn(*args, **kwargs)
+        out, stats = fn(*args, return_router_stats=True, **kwargs)
+        self._sink.append(stats)
+        return out
+
+    def forward(self, *args, **kwargs):
+        return self._call(self.inner, *args, **kwargs)
+
+    def forward_hidden(self, *args, **kwargs):
+        return self._call(self.inner.forward_hidden, *args, **kwargs)
+
+
+def moe_module(base: type[TrainModule]) -> type[TrainModule]:
+    """`base` (SftTrainModule, DpoTrainModule, ...) with the MoE objective; its loss formula is untouched."""
+
+    class _MoE(MoETrainModule, base):
+        pass
+
+    _MoE.__name__ = _MoE.__qualname__ = f"MoE{base.__name__}"
+    return _MoE
+
+
+class MoETrainModule(TrainModule):
+    """Mixin over a concrete TrainModule (use `moe_module(SftTrainModule)`); extra constructor kwargs:
+    `moe_aux` (MoeAuxConfig) and `stage` (the stage name the defaults are chosen by)."""
+
+    def __init__(self, *args, moe_aux: MoeAuxConfig = MoeAuxConfig(), stage: str = "sft", **kwargs):
+        self.moe_aux = moe_aux
+        self.lb_coef, self.z_coef = moe_aux.coefficients(stage)
+        self._stats: list[RouterStats] = []
+        self._buffer: RouterStats | None = None
+        self._accum: AccumInfo | None = None
+        self._moe_last = {k: math.nan for k in METRIC_KEYS}
+        super().__init__(*args, **kwargs)
+
+    # ------------------------------------------------------------------------------------------- the loss seam
+    def loss(self, model: nn.Module, batch: dict) -> LossOutput:
+        self._stats.clear()
+        out = super().loss(_StatsProxy(model, self._stats), batch)
+        if not self._stats:
+            return out
+        stats = self._stats[0]
+        for more in self._stats[1:]:
+            stats = stats + more
+        return LossOutput(out.loss + self._aux(stats), out.sums)
+
+    def _aux(self, stats: RouterStats) -> torch.Tensor:
+        flat = stats.totals()
+        reduced = all_reduce_sum(flat).to(device=flat.device, dtype=flat.dtype)
+        window = RouterStats.from_totals(reduced, stats.num_layers, stats.num_experts, stats.top_k)
+        self._buffer = window if self._buffer is None else self._buffer + window
+        accum = self._accum
+        if accum is None or self.lb_coef == 0 and self.z_coef == 0:
+            return stats.prob_sums.sum() * 0.0
+        units, world = accum.global_units, accum.world_size
+        if self.moe_aux.scope == "global":
+            f_from = self._buffer
+            tokens = self._buffer.tokens * accum.num_micro / (accum.micro_index + 1)
+            # this rank's P over the window's (estimated) global token count; x world/units by the Trainer, /world
+            # by the gradient mean -> multiply by units here
+            scale = units
+        else:
+            f_from, tokens, scale = stats, stats.tokens, units / (world * accum.num_micro)
+        local = RouterStats(stats.counts, stats.prob_sums, stats.z_sums, tokens, stats.top_k)
+        aux = self.lb_coef * load_balancing_loss(local, self.moe_aux.convention, dispatch_from=f_from)
+        aux = aux + self.z_coef * router_z_loss(local)
+        return scale * aux
+
+    def train_batch(self, batch: dict, accum: AccumInfo) -> StepMetrics:
+        self._accum = accum
+        try:
+            return super().train_batch(batch, accum)
+        finally:
+            self._accum = None
+
+    # ------------------------------------------------------------------------------------------- the boundary
+    def optim_step(self) -> StepOutcome:
+        outcome = super().optim_step()
+        if self._buffer is not None:
+            self._moe_last = window_metrics(self._buffer, self.moe_aux.convention)
+        self.last.update(self._moe_last)
+        return outcome
+
+    def zero_grads(self) -> None:
+        super().zero_grads()
+        self._buffer = None
+
+
+def window_metrics(window: RouterStats, convention: LossConvention) -> dict[str, float]:
+    """The `moe/*` history columns of one window's global stats (exact values, no gradient)."""
+    load = expert_load_metrics(window)
+    return {"moe/lb_loss": float(load_balancing_loss(window.detach(), convention)),
+            "moe/z_loss": float(router_z_loss(window.detach())), "moe/max_vio": load["max_vio"],
+            "moe/utilization": load["utilization"],
+            "moe/frac_dead": load["dead_experts"] / (window.num_layers * window.num_experts),
+            "moe/load_entropy": load["load_entropy"]}
+
+
+class RouterCollapseTripwire(Callback):
+    """Halt (exit 80) when the window's dead-expert fraction or MaxVio exceeds its threshold (None: not armed).
+    The metrics come from all-reduced stats, so every rank reaches the same verdict."""
+
+    name = "router_collapse"
+
+    def __init__(self, max_dead_fraction: float | None = None, max_vio: float | None = None):
+        self.max_dead_fraction, self.max_vio = max_dead_fraction, max_vio
+
+    def observe(self, trainer, metrics: dict) -> str | None:
+        dead, vio = metrics.get("moe/frac_dead", math.nan), metrics.get("moe/max_vio", math.nan)
+        if self.max_dead_fraction is not None and dead > self.max_dead_fraction:
+            return f"router collapse: {dead:.3f} of experts received no token (limit {self.max_dead_fraction})"
+        if self.max_vio is not None and vio > self.max_vio:
+            return f"router collapse: MaxVio {vio:.3f} over the limit {self.max_vio}"
+        return None

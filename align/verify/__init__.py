@@ -21,19 +21,25 @@ What it reads, with an example of each form (gold ~ pred, both True):
     roots         `2\\sqrt2` ~ `\\sqrt{8}`; `\\sqrt[3]{x}^2` ~ `x^{2/3}`; `\\frac{\\sqrt2}{2}` ~ `\\frac{1}{\\sqrt2}`
     complex       `2i` ~ `(1+i)^2`, `\\sqrt{-4}`; `5` ~ `|3+4i|`, `(2+i)(2-i)` (the variable i is the imaginary unit)
     polynomials   `x^2+7x+10` ~ `(x+2)(x+5)`; `\\frac{x+1}{x^2-1}` ~ `\\frac{1}{x-1}` (exact rational functions)
-    constants     `\\frac{\\pi}{4}` ~ `\\pi/4`; `e^2`; `\\infty`; a gold decimal of >= 3 digits accepts what rounds to it
+    constants     `\\frac{\\pi}{4}` ~ `\\pi/4`; `e^2`; `\\infty`; a gold decimal of >= 3 digits accepts what rounds
+                  to it
     scientific    `1.5 \\times 10^{3}` ~ `1500`, `1.5e3`
     percent       `25\\%` ~ `25`, `0.25`, `\\frac14` (VerifyConfig.percent)
-    units         `18` ~ `\\$18`, `18 €`, `18 dollars`; `12` ~ `12 m²`, `12\\text{ cm}^2` (VerifyConfig.units="match": the
-                  gold's unit must be there: `5\\text{ cm}` is not `5 m`)
-    degrees       `30^\\circ` ~ `30`, `\\frac{\\pi}{6}`; `\\frac{\\pi}{6}` ~ `30^\\circ` (but not `30`: the gold says radians)
+    units         `18` ~ `\\$18`, `18 €`, `18 dollars`; `12` ~ `12 m²`, `12\\text{ cm}^2`
+                  (VerifyConfig.units="match": the gold's unit must be there: `5\\text{ cm}` is not `5 m`)
+    degrees       `30^\\circ` ~ `30`, `\\frac{\\pi}{6}`; `\\frac{\\pi}{6}` ~ `30^\\circ`
+                  (but not `30`: the gold says radians)
     base n        `204_5` ~ `204_{5}`, `204` (the digits the question asked for); not `54`
     matrices      `\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}` ~ the same in `bmatrix` / `array`, entry by entry;
                   a one-column or one-row matrix ~ the tuple `(1, 2)`
     intervals     `(-\\infty, 3]` ~ `x \\le 3`; `[-2, 7]` ~ `x \\in [-2, 7]`, `-2 \\le x \\le 7`; unions in any order;
-                  `(-\\infty,-1) \\cup (2,\\infty)` ~ `x < -1 \\text{ or } x > 2`; `\\mathbb{R}` ~ `\\text{all real numbers}`
+                  `(-\\infty,-1) \\cup (2,\\infty)` ~ `x < -1 \\text{ or } x > 2`;
+                  `\\mathbb{R}` ~ `\\text{all real numbers}`;
+                  `(-\\infty, 1) \\cup [1, 2]` ~ `(-\\infty, 2]` (touching parts merged);
+                  `x \\ne -2` ~ `(-\\infty,-2)\\cup(-2,\\infty)`
     inequalities  solution sets: `x < 1` ~ `-x > -1`, `2x + 1 \\le 7` ~ `x \\le 3`, `-1 \\le 2x+1 < 3` ~ `[-1, 1)`
-    equations     `y = 2x + 1` ~ `2x + 1` (VerifyConfig.assignment_is_value), `2y = 4x + 2`, `1 + 2x = y`; `f(x) = 3x` ~ `3x`
+    equations     `y = 2x + 1` ~ `2x + 1` (VerifyConfig.assignment_is_value), `2y = 4x + 2`, `1 + 2x = y`;
+                  `f(x) = 3x` ~ `3x`
     lists, sets   `10, 4, -2` is ordered (not `4, 10, -2`) unless the gold is a set `\\{10, 4, -2\\}` or
                   VerifyConfig.unordered_lists; `1 \\pm \\sqrt2` ~ `1-\\sqrt2, 1+\\sqrt2`; `\\emptyset` ~ `\\varnothing`
     tuples        `(1, 2)` ~ `\\left(1,2\\right)`, `\\langle 1, 2 \\rangle`; `(1, 2)` is also the open interval

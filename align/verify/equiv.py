@@ -146,10 +146,36 @@ def _union_like(v: Value) -> bool:
 
 
 def _union_parts(v: Value) -> tuple:
-    """A union's parts; a list of intervals (`x < -1 \\text{ or } x > 2`) is their union too."""
+    """A union's parts, overlapping or touching intervals merged; a list of intervals (`x < -1 \\text{ or } x > 2`)
+    is their union too."""
     if isinstance(v, Union):
-        return v.parts
-    return v.items if _union_like(v) else (v,)
+        return _merged(v.parts)
+    return _merged(v.items) if _union_like(v) else (v,)
+
+
+def _end(b: object) -> Fraction | float | None:
+    if isinstance(b, Infinity):
+        return float("inf") * b.sign
+    return b.rational() if isinstance(b, Scalar) else None
+
+
+def _merged(parts: tuple) -> tuple:
+    """`(-\\infty, 1) \\cup [1, 2]` is `(-\\infty, 2]`: merged when every part is an interval with rational or
+    infinite ends (exact comparisons only); otherwise the parts as written."""
+    spans = [_interval_like(p) for p in parts]
+    if any(s is None or _end(s.lo) is None or _end(s.hi) is None for s in spans):
+        return parts
+    spans.sort(key=lambda s: (_end(s.lo), not s.lo_closed))
+    out = [spans[0]]
+    for s in spans[1:]:
+        cur = out[-1]
+        lo, hi, s_hi = _end(s.lo), _end(cur.hi), _end(s.hi)
+        if lo < hi or (lo == hi and (cur.hi_closed or s.lo_closed)):  # they overlap or touch: one interval
+            if s_hi > hi or (s_hi == hi and s.hi_closed):
+                out[-1] = Interval(cur.lo, s.hi, cur.lo_closed, s.hi_closed or (s_hi == hi and cur.hi_closed))
+        else:
+            out.append(s)
+    return tuple(out)
 
 
 def _list_equal(g: Value, p: Value, cfg: VerifyConfig, lim: Budget) -> bool:

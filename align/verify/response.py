@@ -154,7 +154,9 @@ def _answer_shaped(text: str, spans: list[Span]) -> bool:
     body = text.strip()
     if not body:
         return False
-    if spans and not (len(spans) == 1 and spans[0].start == len(text) - len(text.lstrip()) and spans[0].end == len(text.rstrip())):
+    lead = len(text) - len(text.lstrip())
+    whole_span = len(spans) == 1 and spans[0].start == lead and spans[0].end == len(text.rstrip())
+    if spans and not whole_span:
         return False
     if not spans and _DELIM.search(body):
         return False

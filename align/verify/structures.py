@@ -125,6 +125,12 @@ def _inequality(parts: list[Value], ops: list[str], lim: Budget) -> Value:
         op, lhs, rhs = ops[0], parts[0], parts[1]
         if op in _FLIP:
             op, lhs, rhs = _FLIP[op], rhs, lhs
+        if op == "!=":
+            for var, bound in ((lhs, rhs), (rhs, lhs)):  # `x \\ne 2`: the line without one point
+                if isinstance(var, Scalar) and A.variable_name(var) and _is_constant(bound) \
+                        and not isinstance(bound, Infinity):
+                    return Union((Interval(Infinity(-1), bound, False, False),
+                                  Interval(bound, Infinity(1), False, False)))
         if op != "!=":
             for side, var, bound in (("left", lhs, rhs), ("right", rhs, lhs)):
                 if isinstance(var, Scalar) and A.variable_name(var) and _is_constant(bound):

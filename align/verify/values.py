@@ -100,4 +100,5 @@ class Text:
     text: str
 
 
-Value = Scalar | Infinity | Percent | Degrees | Based | Matrix | Interval | PairParen | Tuple | List | FiniteSet | Union | Relation | Text
+Value = (Scalar | Infinity | Percent | Degrees | Based | Matrix | Interval | PairParen | Tuple | List | FiniteSet
+         | Union | Relation | Text)

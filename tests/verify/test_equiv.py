@@ -98,7 +98,8 @@ DOCUMENTED = [  # the examples of align/verify/__init__.py's docstring, each for
     (r"1 \pm \sqrt2", r"1-\sqrt2, 1+\sqrt2"), (r"\emptyset", r"\varnothing"), ("(1, 2)", r"\langle 1, 2 \rangle"),
     (r"\text{Evelyn}", r"\textbf{evelyn}"), (r"\text{(C)}", "C"), ("2i", "(1+i)^2"), ("2i", r"\sqrt{-4}"),
     ("5", "|3+4i|"), ("5", "(2+i)(2-i)"), ("x^2+7x+10", "(x+2)(x+5)"), (r"\frac{x+1}{x^2-1}", r"\frac{1}{x-1}"),
-    (r"\mathbb{R}", r"\text{all real numbers}"),
+    (r"\mathbb{R}", r"\text{all real numbers}"), (r"(-\infty, 2]", r"(-\infty, 1) \cup [1, 2]"),
+    (r"(-\infty,-2)\cup(-2,\infty)", r"x \ne -2"),
 ]
 
 
@@ -108,7 +109,8 @@ def test_documented_forms_are_read(gold, pred):
 
 
 @pytest.mark.parametrize("gold, pred, cfg", [
-    ("10, 4, -2", "4, 10, -2", VerifyConfig()), (r"\frac{\pi}{6}", "30", VerifyConfig()), ("204_5", "54", VerifyConfig()),
+    ("10, 4, -2", "4, 10, -2", VerifyConfig()), (r"\frac{\pi}{6}", "30", VerifyConfig()),
+    ("204_5", "54", VerifyConfig()),
     (r"5\text{ cm}", "5 m", VerifyConfig(units="match")), (r"5\text{ cm}", "5", VerifyConfig(units="match")),
     ("y = 2x + 1", "2x + 1", VerifyConfig(assignment_is_value=False)), ("5", "\U0001d7d3", VerifyConfig()),
     ("5", r"4 \text{ thousand}", VerifyConfig()), ("5", r"5 \text{ maybe}", VerifyConfig()),

@@ -49,7 +49,8 @@ def run() -> tuple[list, list[str], list[str]]:
 
 
 def table(cases, ours, theirs) -> list[str]:
-    rows = ["| case | line | category | gold | pred | label | align | math_verify | right |", "|---|---|---|---|---|---|---|---|---|"]
+    rows = ["| case | line | category | gold | pred | label | align | math_verify | right |",
+            "|---|---|---|---|---|---|---|---|---|"]
     for c, a, m in zip(cases, ours, theirs):
         if a != m:
             label = "1" if c.expected == 1.0 else "0"

@@ -12,24 +12,16 @@ import torch.nn.functional as F
 
 from align.exceptions import HaltError
 from align.model.moe import load_balancing_loss, router_z_loss
-from align.model.olmoe import OlmoeConfig, OlmoeForCausalLM
 from align.train.moe_module import METRIC_KEYS, MoeAuxConfig, RouterCollapseTripwire, _StatsProxy, moe_module
 from align.train.optim import OptimizerConfig
 from align.train.sft_loss import SftLossConfig
 from align.train.sft_module import SftTrainModule
 from align.train.train_module import AccumInfo, TrainModuleConfig
 from align.utils.tracking import read_history
-from train_helpers import build_sft, sft_batch, weights
+from moe_train_helpers import tiny_moe
+from train_helpers import assert_bitwise_equal, build_sft, sft_batch, weights
 
 MoESft = moe_module(SftTrainModule)
-
-
-def tiny_moe(seed: int = 0, dtype=torch.float32) -> OlmoeForCausalLM:
-    torch.manual_seed(seed)
-    return OlmoeForCausalLM(OlmoeConfig(vocab_size=256, hidden_size=32, intermediate_size=16, num_hidden_layers=2,
-                                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                                        num_experts=4, num_experts_per_tok=2, pad_token_id=0,
-                                        eos_token_id=2)).to(dtype)
 
 
 def test_stage_defaults_and_overrides():
@@ -131,3 +123,30 @@ def test_collapse_tripwire_halts(tmp_path):
     with pytest.raises(HaltError, match="router collapse: MaxVio"):
         t.fit()
     assert RouterCollapseTripwire().observe(None, {"moe/frac_dead": 1.0, "moe/max_vio": 99.0}) is None
+
+
+def test_sigterm_then_resume_moe_sft_is_bitwise_equal(tmp_path):
+    """MoE SFT with the aux terms on, stopped by SIGTERM mid-window (step 3's second micro-batch): the coordinated
+    stop checkpoints step 3, and the resumed run ends bitwise equal to an uninterrupted one, history included."""
+    import os
+    import signal
+
+    kw = dict(max_steps=5, checkpoint_every=4, base=MoESft,
+              module_kwargs={"moe_aux": MoeAuxConfig(load_balance=0.1, z_loss=0.01)})
+    full = build_sft(tmp_path / "full", model=tiny_moe(), **kw)
+    assert full.fit() == 0
+
+    def sigterm(module, batch, info, count=[0]):
+        count[0] += 1
+        if count[0] == 6:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    cut = build_sft(tmp_path / "cut", model=tiny_moe(), fault=sigterm, **kw)
+    assert cut.fit() == 128 + signal.SIGTERM and cut.step == 3
+    resumed = build_sft(tmp_path / "cut", model=tiny_moe(seed=5), **kw)
+    assert resumed.fit() == 0 and resumed.resumed_from.name == "step_3"
+    assert_bitwise_equal(weights(full.module), weights(resumed.module))
+    rows_full = read_history(tmp_path / "full" / "history.jsonl")
+    rows_cut = read_history(tmp_path / "cut" / "history.jsonl")
+    assert [r["loss"] for r in rows_cut] == [r["loss"] for r in rows_full]
+    assert [r["moe/max_vio"] for r in rows_cut] == [r["moe/max_vio"] for r in rows_full]

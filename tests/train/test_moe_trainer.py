@@ -7,18 +7,11 @@ from __future__ import annotations
 import torch
 
 from align.model.checkpoint import load_checkpoint
-from align.model.olmoe import OlmoeConfig, OlmoeForCausalLM
 from align.model.safetensors_io import weight_map
 from align.train import checkpoint as ckpt_io
 from align.train.ckpt_format import DenseFormat, OlmoeFormat, weight_format_for
+from moe_train_helpers import tiny_moe
 from train_helpers import assert_bitwise_equal, build_sft, tiny_model, weights
-
-
-def tiny_moe(seed: int = 0) -> OlmoeForCausalLM:
-    torch.manual_seed(seed)
-    return OlmoeForCausalLM(OlmoeConfig(vocab_size=256, hidden_size=32, intermediate_size=16, num_hidden_layers=2,
-                                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                                        num_experts=4, num_experts_per_tok=2, pad_token_id=0, eos_token_id=2))
 
 
 class Crash(Exception):

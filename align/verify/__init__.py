@@ -18,14 +18,15 @@ What it reads, with an example of each form (gold ~ pred, both True):
                   (decimal comma: two digits after it, or after a decimal-comma language's phrase); `٤٢`, `४२` (digits)
     fractions     `\\frac{1}{2}` ~ `\\dfrac12`, `\\tfrac{1}{2}`, `1/2`, `0.5`; `0.\\overline{3}` ~ `\\frac13`
     mixed         `9999 \\frac{6}{7}` ~ `\\frac{69999}{7}`; `2 1/2` ~ `2.5`
-    roots         `2\\sqrt2` ~ `\\sqrt{8}`; `\\sqrt[3]{x}^2` ~ `x^{2/3}`; `\\frac{\\sqrt2}{2}` ~ `\\frac{1}{\\sqrt2}`
+    roots         `2\\sqrt2` ~ `\\sqrt{8}`; `\\sqrt[3]{x}^2` ~ `x^{2/3}`; `\\frac{\\sqrt2}{2}` ~ `\\frac{1}{\\sqrt2}`;
+                  `\\sqrt{x}^3` ~ `x\\sqrt{x}`
     complex       `2i` ~ `(1+i)^2`, `\\sqrt{-4}`; `5` ~ `|3+4i|`, `(2+i)(2-i)` (the variable i is the imaginary unit)
     polynomials   `x^2+7x+10` ~ `(x+2)(x+5)`; `\\frac{x+1}{x^2-1}` ~ `\\frac{1}{x-1}` (exact rational functions)
     constants     `\\frac{\\pi}{4}` ~ `\\pi/4`; `e^2`; `\\infty`; a gold decimal of >= 3 digits accepts what rounds
                   to it
     scientific    `1.5 \\times 10^{3}` ~ `1500`, `1.5e3`
     percent       `25\\%` ~ `25`, `0.25`, `\\frac14` (VerifyConfig.percent)
-    units         `18` ~ `\\$18`, `18 €`, `18 dollars`; `12` ~ `12 m²`, `12\\text{ cm}^2`
+    units         `18` ~ `\\$18`, `18 €`, `18 dollars`; `12` ~ `12 m²`, `12\\text{ cm}^2`, `12^\\circ C`
                   (VerifyConfig.units="match": the gold's unit must be there: `5\\text{ cm}` is not `5 m`)
     degrees       `30^\\circ` ~ `30`, `\\frac{\\pi}{6}`; `\\frac{\\pi}{6}` ~ `30^\\circ`
                   (but not `30`: the gold says radians)

@@ -11,6 +11,7 @@ Every operation pays into a Budget (terms multiplied, bits produced), so no inpu
 
 from __future__ import annotations
 
+import re
 from fractions import Fraction
 from math import gcd, isqrt, pi as PI_FLOAT, sqrt as float_sqrt
 
@@ -112,8 +113,14 @@ def _poly_key(p: dict) -> str:
 IMAG = "v:i"  # the variable i is the imaginary unit: i^2 = -1 (what `i` means in every answer it appears in)
 
 
+_SQRT_OF_VARIABLE = re.compile(r"f:sqrt\(1\*(v:[^^()*]+)\^1\)")
+
+
 def _reduce_i(names: tuple) -> tuple[int, tuple]:
-    """(sign, names) with i^k folded to i^(k mod 4): i^2 = -1, i^3 = -i, i^-1 = -i."""
+    """(sign, names) with i^k folded to i^(k mod 4): i^2 = -1, i^3 = -i, i^-1 = -i; and sqrt(x)^k, k >= 2, folded
+    to x^(k // 2) sqrt(x)^(k % 2) (sqrt(x) is real only where x >= 0, and there its square is x)."""
+    if any(n.startswith("f:sqrt(") and k >= 2 for n, k in names):
+        names = _fold_square_roots(names)
     for at, (name, k) in enumerate(names):
         if name == IMAG:
             if k == 1:
@@ -122,6 +129,16 @@ def _reduce_i(names: tuple) -> tuple[int, tuple]:
             rest = names[:at] + (((IMAG, 1),) if k % 2 else ()) + names[at + 1:]
             return (-1 if k >= 2 else 1), rest
     return 1, names
+
+
+def _fold_square_roots(names: tuple) -> tuple:
+    merged = dict(names)
+    for name, k in names:
+        m = _SQRT_OF_VARIABLE.fullmatch(name)
+        if m and k >= 2:
+            merged[m.group(1)] = merged.get(m.group(1), 0) + k // 2
+            merged[name] = k % 2
+    return tuple(sorted((n, k) for n, k in merged.items() if k))
 
 
 def _mono_mul(a: tuple, b: tuple) -> tuple[int, tuple]:

@@ -67,6 +67,8 @@ _SPACES = re.compile(r"(?<!\\)\\[,;: ]|\\(?:quad|qquad|enspace|thinspace|medspac
 _FRAC = re.compile(r"\\[dtc]frac(?![a-zA-Z])")
 _BINOM = re.compile(r"\\[dt]binom(?![a-zA-Z])")
 _DEGREE = re.compile(r"\^\s*\{?\s*\\circ\s*\}?|\\circ(?![a-zA-Z])|\\degree(?![a-zA-Z])|\^\s*\{\s*o\s*\}|\^\s*\u00b0")
+# Degrees Celsius / Fahrenheit are a unit around a temperature, not an angle.
+_TEMPERATURE = re.compile(r"(?:\^\s*\{?\s*\\circ\s*\}?|\u00b0)\s*(?:\\(?:text|mathrm)\s*\{\s*[CF]\s*\}|[CF])(?![a-zA-Z])")
 _BARE_DEGREES = re.compile(r"(?<=[0-9}])\s*(?:degrees?|deg)\s*$")
 _UNIT_SQUARED = re.compile(r"(?<=[0-9 ])(mm|cm|km|m|ft|in)([\u00b2\u00b3])")
 _SPACE_THOUSANDS = re.compile(r"(?<![0-9.,])[0-9]{1,3}(?: [0-9]{3})+(?![0-9./])")
@@ -120,6 +122,8 @@ def clean(answer: str) -> str:
     """Return the answer as plain tokenisable LaTeX-ish text (see the module docstring for what is removed)."""
     s = _UNIT_SQUARED.sub(lambda m: "\\text{%s}^%d" % (m.group(1), 2 if m.group(2) == "\u00b2" else 3), answer)
     s = s.translate(_UNICODE).replace("~", " ")
+    if "C" in s or "F" in s:
+        s = _TEMPERATURE.sub(" ", s)
     if "\\" in s or "{" in s:
         s = _THIN_THOUSANDS.sub("", s)
         s = _BRACED_COMMA.sub(".", s)

@@ -99,7 +99,7 @@ DOCUMENTED = [  # the examples of align/verify/__init__.py's docstring, each for
     (r"\text{Evelyn}", r"\textbf{evelyn}"), (r"\text{(C)}", "C"), ("2i", "(1+i)^2"), ("2i", r"\sqrt{-4}"),
     ("5", "|3+4i|"), ("5", "(2+i)(2-i)"), ("x^2+7x+10", "(x+2)(x+5)"), (r"\frac{x+1}{x^2-1}", r"\frac{1}{x-1}"),
     (r"\mathbb{R}", r"\text{all real numbers}"), (r"(-\infty, 2]", r"(-\infty, 1) \cup [1, 2]"),
-    (r"(-\infty,-2)\cup(-2,\infty)", r"x \ne -2"),
+    (r"(-\infty,-2)\cup(-2,\infty)", r"x \ne -2"), (r"\sqrt{x}^3", r"x\sqrt{x}"), ("12", r"12^\circ C"),
 ]
 
 

@@ -45,6 +45,7 @@ from align.inference.config import LINEAR_KERNELS
 from align.inference.row_invariance import REFERENCE_ROWS, agreeing_counts, chunked
 from align.kernels import linear as native_linear
 from align.kernels import native
+from align.model.family import family_of_model
 from align.model.layers import apply_rope
 
 PACK_ROWS_HINT = 16  # oneDNN's batch-size hint when packing (AMD EPYC: invariant rows for m >= 2 with it; 1 is worse)
@@ -53,16 +54,67 @@ PACK_ROWS_HINT = 16  # oneDNN's batch-size hint when packing (AMD EPYC: invarian
 @dataclass
 class _Fused:
     wqkv: torch.Tensor  # (H*Dh + 2*KVH*Dh, D), packed for "onednn"
-    wgu: torch.Tensor  # (2*F, D)
     wo: torch.Tensor  # (D, H*Dh): the module's own weight for "torch"
-    wdown: torch.Tensor  # (D, F)
+    wgu: torch.Tensor | None  # (2*F, D); None for a sparse block
+    wdown: torch.Tensor | None  # (D, F)
     stamp: tuple  # (version, data_ptr) of every source weight when built
 
 
 def _sources(layer) -> tuple[torch.Tensor, ...]:
-    a, m = layer.self_attn, layer.mlp
-    return (a.q_proj.weight, a.k_proj.weight, a.v_proj.weight, m.gate_proj.weight, m.up_proj.weight,
-            a.o_proj.weight, m.down_proj.weight)
+    a = layer.self_attn
+    return (a.q_proj.weight, a.k_proj.weight, a.v_proj.weight, a.o_proj.weight)
+
+
+class DenseMlp:
+    """Mistral's SwiGLU MLP: gate/up fused into one product, silu(gate) * up the down product's prologue."""
+
+    qk_norm = False
+    products = True  # its gate_up/down products go through the decoder's kernels (and row-count probe)
+
+    @staticmethod
+    def sources(layer) -> tuple[torch.Tensor, ...]:
+        m = layer.mlp
+        return m.gate_proj.weight, m.up_proj.weight, m.down_proj.weight
+
+    @staticmethod
+    def build(dec: "FusedDecoder", src) -> tuple[torch.Tensor, torch.Tensor]:
+        return dec._prepare(torch.cat(src[:2])), dec._prepare(src[2])
+
+    @staticmethod
+    def run(dec: "FusedDecoder", i: int, hidden: torch.Tensor) -> torch.Tensor:
+        gu = dec.normed_linear(dec.layers[i].post_attention_layernorm, hidden, dec.fused[i].wgu)  # (N, 2F)
+        if dec._native_fp32(gu, None):
+            wd = dec.fused[i].wdown
+            return chunked(lambda c, r: native_linear.linear(c, wd, residual=r, swiglu=True), gu, hidden)
+        return dec.linear_add(F.silu(gu[:, :dec.ffn]) * gu[:, dec.ffn:], dec.fused[i].wdown, hidden)
+
+
+class SparseMlp:
+    """OLMoE: QK-norm on the fused q/k projection; the MoE block (router + experts, align.model.moe) runs as the
+    model's own module on the step's flat rows, so decode routes exactly as the training forward does.
+    NOTE: its expert products run on torch's kernels with a per-expert row count that depends on the batch, so
+    the batch-invariance guarantee of the dense path (row_invariance.py) does not extend to it."""
+
+    qk_norm = True
+    products = False
+
+    @staticmethod
+    def sources(layer) -> tuple[torch.Tensor, ...]:
+        return ()
+
+    @staticmethod
+    def build(dec: "FusedDecoder", src) -> tuple[None, None]:
+        return None, None
+
+    @staticmethod
+    def run(dec: "FusedDecoder", i: int, hidden: torch.Tensor) -> torch.Tensor:
+        layer = dec.layers[i]
+        out, _ = layer.mlp(dec.norm(layer.post_attention_layernorm, hidden))
+        return hidden + out
+
+
+# Per family (align.model.family): what the decode step runs after attention, and whether q/k are normed.
+DECODE_BLOCKS = {"mistral": DenseMlp, "olmoe": SparseMlp}
 
 
 def _stamp(tensors) -> tuple:
@@ -118,6 +170,7 @@ def onednn_linear(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
 class FusedDecoder:
     def __init__(self, model: torch.nn.Module, kernel: str = "auto"):
         self.kernel = resolve_linear_kernel(kernel, model.lm_head.weight)  # "torch" or "onednn"
+        self.block = DECODE_BLOCKS[family_of_model(model).name]
         self.layers = model.model.layers
         self.lm_head = model.lm_head
         cfg = model.config
@@ -167,10 +220,10 @@ class FusedDecoder:
         how many were rebuilt."""
         rebuilt = 0
         for i, layer in enumerate(self.layers):
-            src = _sources(layer)
-            if self.fused[i] is None or self.fused[i].stamp != _stamp(src):
-                self.fused[i] = _Fused(self._prepare(torch.cat(src[:3])), self._prepare(torch.cat(src[3:5])),
-                                       self._prepare(src[5]), self._prepare(src[6]), _stamp(src))
+            attn, mlp = _sources(layer), self.block.sources(layer)
+            if self.fused[i] is None or self.fused[i].stamp != _stamp(attn + mlp):
+                self.fused[i] = _Fused(self._prepare(torch.cat(attn[:3])), self._prepare(attn[3]),
+                                       *self.block.build(self, mlp), _stamp(attn + mlp))
                 rebuilt += 1
         head = (self.lm_head.weight,)
         if self.head_stamp != _stamp(head):
@@ -204,6 +257,10 @@ class FusedDecoder:
         """hidden (N, D) -> q (N, H, Dh), k (N, KVH, Dh), v (N, KVH, Dh); RoPE applied to q and k."""
         out = self.qkv_proj(i, hidden)  # (N, q + 2 kv)
         n = hidden.shape[0]
+        if self.block.qk_norm:  # OLMoE: RMSNorm over the full q and k projections, before RoPE
+            a = self.layers[i].self_attn
+            q, k, v = out.split((self.q_dim, self.kv_dim, self.kv_dim), dim=1)
+            out = torch.cat([self.norm(a.q_norm, q), self.norm(a.k_norm, k), v], dim=1)
         qk = apply_rope(out[:, :self.q_dim + self.kv_dim].view(n, self.heads, self.head_dim), *rope)
         q, k = qk.split((self.q_dim // self.head_dim, self.kv_dim // self.head_dim), dim=1)
         return q, k, out[:, self.q_dim + self.kv_dim:].view(n, -1, self.head_dim)
@@ -215,11 +272,7 @@ class FusedDecoder:
     def mlp(self, i: int, hidden: torch.Tensor) -> torch.Tensor:
         """hidden (N, D) -> hidden + mlp(norm(hidden)). On the native kernel the norm is the gate/up product's
         prologue and silu(gate) * up the down product's."""
-        gu = self.normed_linear(self.layers[i].post_attention_layernorm, hidden, self.fused[i].wgu)  # (N, 2F)
-        if self._native_fp32(gu, None):
-            wd = self.fused[i].wdown
-            return chunked(lambda c, r: native_linear.linear(c, wd, residual=r, swiglu=True), gu, hidden)
-        return self.linear_add(F.silu(gu[:, :self.ffn]) * gu[:, self.ffn:], self.fused[i].wdown, hidden)
+        return self.block.run(self, i, hidden)
 
     def agreeing_row_counts(self) -> tuple[int, ...]:
         """Row counts at which every projection and the head round each row as a large batch does (measured on
@@ -229,9 +282,10 @@ class FusedDecoder:
         products = [("head", lambda x, wt: self._head_product(x, wt, torch.empty(x.shape[0], V, device=x.device)),
                      (V, D))]
         if len(self.layers):
-            products += [(name, self.linear, (rows, cols)) for name, rows, cols in (
-                ("qkv", self.q_dim + 2 * self.kv_dim, D), ("gate_up", 2 * self.ffn, D), ("o", D, self.q_dim),
-                ("down", D, self.ffn))]
+            shapes = [("qkv", self.q_dim + 2 * self.kv_dim, D), ("o", D, self.q_dim)]
+            if self.block.products:
+                shapes += [("gate_up", 2 * self.ffn, D), ("down", D, self.ffn)]
+            products += [(name, self.linear, (rows, cols)) for name, rows, cols in shapes]
         return agreeing_counts(products, self._prepare, w.dtype, w.device, self.kernel)
 
     def _head_product(self, hidden: torch.Tensor, whead: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:

@@ -103,9 +103,10 @@ def policy_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor,
 
 def clipped_surrogate(ratio: torch.Tensor, advantages: torch.Tensor, clip_low: float, clip_high: float,
                       dual_clip: float | None = None) -> torch.Tensor:
-    """-min(r A, clip(r, 1 - clip_low, 1 + clip_high) A), elementwise; A (B,) broadcasts over the ratio's columns.
+    """-min(r A, clip(r, 1 - clip_low, 1 + clip_high) A), elementwise; A (B,) broadcasts over the ratio's columns,
+    A of the ratio's own shape (PPO's per-token advantages) is taken as is.
     With `dual_clip`, r in the first arm is min(r, dual_clip) (bounds the pull of a token with A < 0)."""
-    adv = advantages.reshape(-1, 1).to(ratio.dtype)
+    adv = (advantages if advantages.shape == ratio.shape else advantages.reshape(-1, 1)).to(ratio.dtype)
     clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
     if dual_clip is not None:
         ratio = torch.clamp(ratio, max=dual_clip)

@@ -1,0 +1,80 @@
+"""Generalised advantage estimation (Schulman et al. 2016) and masked whitening, as pure functions.
+
+For one response with per-token rewards r_t, critic values V_t and mask m_t (1 on response tokens; a row's tokens
+are a contiguous run, so the first masked position after the run ends the episode):
+    delta_t = r_t + gamma * m_{t+1} V_{t+1} - V_t                       (V after the last token is 0: terminal)
+    A_t     = delta_t + gamma * lambda * m_{t+1} A_{t+1}                 (computed right to left)
+    R_t     = A_t + V_t                                                  (the value target, "returns")
+lambda = 1 gives A_t = sum_k gamma^k r_{t+k} - V_t (Monte-Carlo); lambda = 0 gives the one-step residual delta_t.
+Positions outside the mask get A = R = 0.
+
+Whitening of x over the masked positions (TRL's `masked_whiten`: unbiased variance):
+    mu = sum m x / sum m,   var = sum m (x - mu)^2 / (sum m - 1),   w = (x - mu) / sqrt(var + eps)  (+ mu unless
+    `shift_mean`); masked positions outside stay 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class GaeConfig:
+    """[gae] table."""
+
+    gamma: float = 1.0
+    lam: float = 0.95
+    whiten_advantages: bool = True
+
+    def __post_init__(self):
+        for name in ("gamma", "lam"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"GaeConfig.{name} must lie in [0, 1], got {getattr(self, name)!r}")
+
+
+def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float,
+        lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """rewards, values, mask (B, T) -> (advantages, returns) (B, T), no gradient (the critic's values are targets).
+
+    Float64 arithmetic: the right-to-left recursion accumulates T terms."""
+    if not rewards.shape == values.shape == mask.shape or rewards.dim() != 2:
+        raise ValueError(f"gae: rewards, values and mask must share one (B, T) shape, got {tuple(rewards.shape)}, "
+                         f"{tuple(values.shape)}, {tuple(mask.shape)}")
+    m = mask.double()
+    r, v = rewards.detach().double() * m, values.detach().double() * m
+    adv = torch.zeros_like(r)
+    running = torch.zeros_like(r[:, 0])  # (B,) A_{t+1} m_{t+1}
+    next_value = torch.zeros_like(r[:, 0])  # (B,) V_{t+1} m_{t+1}
+    for t in range(r.shape[1] - 1, -1, -1):
+        delta = r[:, t] + gamma * next_value - v[:, t]
+        running = (delta + gamma * lam * running) * m[:, t]
+        adv[:, t] = running
+        next_value = v[:, t]
+    returns = (adv + v) * m
+    return adv.to(values.dtype), returns.to(values.dtype)
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """sum m x / sum m over every axis (0 when the mask is empty)."""
+    m = mask.to(x.dtype)
+    return (x * m).sum() / m.sum().clamp(min=1.0)
+
+
+def masked_var(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Unbiased variance of x over the mask; needs at least two masked positions."""
+    n = mask.sum()
+    if n < 2:
+        raise ValueError(f"masked_var: needs at least 2 masked positions, got {int(n)}")
+    centred = (x - masked_mean(x, mask)) * mask.to(x.dtype)
+    return centred.square().sum() / (n - 1)
+
+
+def whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8) -> torch.Tensor:
+    """(x - mu) / sqrt(var + eps) over the mask (mu added back unless shift_mean); 0 outside the mask."""
+    mu = masked_mean(x, mask)
+    out = (x - mu) * torch.rsqrt(masked_var(x, mask) + eps)
+    if not shift_mean:
+        out = out + mu
+    return out * mask.to(x.dtype)

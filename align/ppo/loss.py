@@ -1,0 +1,59 @@
+"""PPO's loss terms (Schulman et al. 2017) as pure per-token functions; mean over the mask's tokens.
+
+With ratio rho_t = exp(logp_t - old_logp_t), advantages A_t, values V_t, the rollout's values V_old_t, returns R_t
+and the clip ranges eps (policy) and c (value):
+    policy:   L_pi = mean_t max(-A_t rho_t, -A_t clip(rho_t, 1 - eps, 1 + eps))        (clipped surrogate)
+    value:    L_V  = 1/2 mean_t max((V_t - R_t)^2, (V_old_t + clip(V_t - V_old_t, -c, c) - R_t)^2)
+    entropy:  L_H  = -coef * mean_t H_t                                                 (a bonus: lowers the loss)
+Each returns the loss and the fraction of masked tokens where the clipped arm was the one taken.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from align.ppo.gae import masked_mean
+from align.rl.grpo_loss import clipped_surrogate, policy_ratio
+
+
+@dataclass(frozen=True)
+class PpoLossConfig:
+    """[loss] table of PPO."""
+
+    clip: float = 0.2  # eps of the policy ratio
+    value_clip: float = 0.2  # c: how far V may move from the rollout's values before its loss stops moving it
+    value_coef: float = 0.1
+    entropy_coef: float = 0.0
+
+    def __post_init__(self):
+        for name in ("clip", "value_clip"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"PpoLossConfig.{name} must be > 0, got {getattr(self, name)!r}")
+        for name in ("value_coef", "entropy_coef"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"PpoLossConfig.{name} must be >= 0, got {getattr(self, name)!r}")
+
+
+def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+                clip: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, T) each -> (L_pi, clip fraction)."""
+    ratio = policy_ratio(logp, old_logp, mask)
+    per_token = clipped_surrogate(ratio, advantages, clip, clip)
+    clipped = (per_token > -advantages * ratio).to(logp.dtype)  # the clipped arm is strictly larger there
+    return masked_mean(per_token, mask), masked_mean(clipped.detach(), mask)
+
+
+def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
+               value_clip: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, T) each -> (L_V, clip fraction)."""
+    clipped_values = old_values + torch.clamp(values - old_values, -value_clip, value_clip)
+    plain, clipped = (values - returns).square(), (clipped_values - returns).square()
+    per_token = torch.max(plain, clipped)
+    return 0.5 * masked_mean(per_token, mask), masked_mean((clipped > plain).to(values.dtype).detach(), mask)
+
+
+def entropy_bonus(entropy: torch.Tensor, mask: torch.Tensor, coef: float) -> torch.Tensor:
+    """(B, T) per-token entropies -> -coef * their masked mean."""
+    return -coef * masked_mean(entropy, mask)

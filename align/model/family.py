@@ -15,7 +15,8 @@ import torch
 from align.exceptions import CheckpointError
 from align.model.hf_config import MISTRAL_SPEC, ConfigSpec
 from align.model.mistral import MistralForCausalLM, MistralForProcessReward, MistralForValueHead
-from align.model.olmoe import OlmoeForCausalLM
+from align.model.hf_config import MistralConfig
+from align.model.olmoe import ExpertLayout, OlmoeForCausalLM, olmoe_config
 from align.model.olmoe_checkpoint import OLMOE_SPEC, fuse_hub_pairs, hub_targets, to_hub_layout
 
 StateDict = dict[str, torch.Tensor]
@@ -83,3 +84,10 @@ def family_of_model(model) -> Family:
         if isinstance(model, family.models):
             return family
     raise CheckpointError(f"no model family has model class {type(model).__name__}")
+
+
+def from_scratch(init: MistralConfig, moe: ExpertLayout | None = None):
+    """A freshly initialised causal LM of a stage's [model.init] shape; a [model.moe] table makes it OLMoE."""
+    if moe is None:
+        return MistralForCausalLM(init)
+    return OlmoeForCausalLM(olmoe_config(init, moe))

@@ -13,6 +13,7 @@ and returns tensors only (hidden, router logits), the FSDP2 / activation-checkpo
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -59,6 +60,20 @@ class OlmoeConfig(MistralConfig):
                             f"got {self.num_experts_per_tok}")
         if problems:
             raise ValueError("OlmoeConfig: " + "; ".join(problems))
+
+
+@dataclass(frozen=True)
+class ExpertLayout:
+    """A stage's [model.moe] table: turns a dense [model.init] shape into an OLMoE one (intermediate_size becomes
+    each expert's hidden size)."""
+
+    num_experts: int = 8
+    num_experts_per_tok: int = 2
+    norm_topk_prob: bool = False
+
+
+def olmoe_config(dense: MistralConfig, layout: ExpertLayout) -> OlmoeConfig:
+    return OlmoeConfig(**dataclasses.asdict(dense), **dataclasses.asdict(layout))
 
 
 class OlmoeAttention(MistralAttention):

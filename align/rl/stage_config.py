@@ -16,6 +16,7 @@ from align.rl.canary import CanaryConfig
 from align.rl.tripwires import HealthConfig
 from align.rollout.protocol import RolloutConfig
 from align.tokenizer import TokenizerConfig
+from align.train.moe_module import MoeAuxConfig
 from align.train.optim import OptimizerConfig
 from align.train.parallel import ParallelConfig
 from align.train.schedulers import SchedulerConfig
@@ -117,3 +118,4 @@ class GrpoStageConfig(CommonConfig):
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    moe_aux: MoeAuxConfig = field(default_factory=MoeAuxConfig)  # [moe_aux]: MoE policies only (default: none)

@@ -39,6 +39,7 @@ from align.train.callbacks import ProgressLine, SpeedMonitor
 from align.train.dpo_loss import DpoLossConfig
 from align.train.dpo_module import DpoTrainModule, preference_eval
 from align.train.identity import run_identity
+from align.train.moe_module import MoeAuxConfig, build_train_module
 from align.train.optim import OptimizerConfig
 from align.train.parallel import ParallelConfig
 from align.train.probes import ProbeConfig, Tripwires
@@ -89,6 +90,7 @@ class DpoStageConfig(CommonConfig):
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     probes: ProbeConfig = field(default_factory=lambda: ProbeConfig(armed=("grad_norm", "loss_spike")))
     inloop_eval: InLoopEvalConfig = field(default_factory=InLoopEvalConfig)
+    moe_aux: MoeAuxConfig = field(default_factory=MoeAuxConfig)  # [moe_aux]: MoE policies only (default: none)
 
 
 class RowSubset:
@@ -160,8 +162,9 @@ def main() -> int:
     train_rows, held_rows = split_rows(len(shards), cfg.data.heldout_every)
     model = load_checkpoint(reference, dtype=DTYPES[cfg.model.dtype], device=device())
     module_cfg = TrainModuleConfig(optimizer=cfg.optimizer, scheduler=cfg.scheduler, parallel=cfg.parallel)
-    module = DpoTrainModule(model, module_cfg, cfg.loss, cache, cfg.train.max_steps, seed=cfg.run.seed,
-                            cache_rows=torch.from_numpy(train_rows))
+    module = build_train_module(DpoTrainModule, model, module_cfg, cfg.loss, cache, cfg.train.max_steps,
+                                seed=cfg.run.seed, cache_rows=torch.from_numpy(train_rows), moe_aux=cfg.moe_aux,
+                                stage="dpo")
     loader = BatchLoader(RowSubset(shards, train_rows), cfg.loader, seed=cfg.run.seed)
     n_params = sum(p.numel() for p in model.parameters())
     tripwires = Tripwires(cfg.probes, list(module.model.parameters()), model.config.vocab_size)

@@ -35,6 +35,7 @@ from align.rollout import make_rollout_client
 from align.tokenizer import Tokenizer
 from align.train.callbacks import ProgressLine, SpeedMonitor
 from align.train.identity import run_identity
+from align.train.moe_module import build_train_module
 from align.train.train_module import TrainModuleConfig
 from align.train.trainer import Trainer
 from align.utils.dist import device, init_distributed, is_rank0, rank, world_size
@@ -66,10 +67,12 @@ def main() -> int:
     heldout = ShardSet.open(runs / cfg.data.eval, kind="prompts", tokenizer_hash=tok.content_hash)
     client = make_rollout_client(cfg.rollout, load_checkpoint(start, dtype=DTYPES[cfg.data.engine_dtype],
                                                                device=device()))
-    module = GrpoTrainModule(load_checkpoint(start, dtype=DTYPES[cfg.data.model_dtype], device=device()),
-                             TrainModuleConfig(cfg.optimizer, cfg.scheduler, cfg.parallel), cfg.loss,
-                             cfg.shape.temperature, cfg.shape.max_new_tokens, cfg.train.max_steps, seed=cfg.run.seed,
-                             client=client, health=GrpoHealth(cfg.health))
+    module = build_train_module(GrpoTrainModule, load_checkpoint(start, dtype=DTYPES[cfg.data.model_dtype],
+                                                                 device=device()),
+                                TrainModuleConfig(cfg.optimizer, cfg.scheduler, cfg.parallel), cfg.loss,
+                                cfg.shape.temperature, cfg.shape.max_new_tokens, cfg.train.max_steps,
+                                seed=cfg.run.seed, client=client, health=GrpoHealth(cfg.health),
+                                moe_aux=cfg.moe_aux, stage="grpo")
     prompt_set, decode = PromptSet.from_shards(prompts), (lambda ids: tok.decode(ids, skip_special_tokens=True))
     needs_ref = cfg.loss.kl_beta > 0 or cfg.reward.kl_coef > 0
     source = GrpoBatchSource(

@@ -34,6 +34,7 @@ from align.tokenizer import Tokenizer, TokenizerConfig
 from align.tokenizer.tokenizer import resolve_tokenizer_dir
 from align.train.callbacks import ProgressLine, SpeedMonitor
 from align.train.heldout import HeldoutConfig, HeldoutPerplexity
+from align.train.moe_module import MoeAuxConfig
 from align.train.optim import OptimizerConfig
 from align.train.parallel import ParallelConfig
 from align.train.probes import ProbeConfig, Tripwires
@@ -57,6 +58,7 @@ class PretrainStageConfig(CommonConfig):
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     probes: ProbeConfig = field(default_factory=ProbeConfig)
+    moe_aux: MoeAuxConfig = field(default_factory=MoeAuxConfig)  # [moe_aux]: MoE models only
     threads: int = 0  # torch CPU threads per rank; 0: every core
 
 
@@ -90,7 +92,7 @@ def main() -> int:
     corpus = build_corpus(cfg.corpus, Tokenizer.from_pretrained(tok_dir), os.environ.get("ALIGN_ROOT", "."))
     model = build_model(cfg)
     n_params = sum(p.numel() for p in model.parameters())
-    module = build_module(cfg, model)
+    module = build_module(cfg, model, stage="pretrain")
     loader = TokenLoader(corpus, cfg.loader, seed=cfg.run.seed)
     if is_rank0():
         print(f"pretrain: {n_params / 1e6:.2f}M parameters; corpus {len(corpus.train)} documents "

@@ -27,11 +27,14 @@ from align.eval.inloop_config import InLoopEvalConfig
 from align.exit_codes import exit_stage
 from align.model import MistralConfig, MistralForCausalLM
 from align.model.checkpoint import DTYPES, checkpoint_content_hash, load_checkpoint
+from align.model.family import from_scratch
+from align.model.olmoe import ExpertLayout
 from align.profile import CommonConfig
 from align.tokenizer import Tokenizer, TokenizerConfig
 from align.tokenizer.tokenizer import resolve_tokenizer_dir
 from align.train.callbacks import ProgressLine, SpeedMonitor
 from align.train.identity import run_identity
+from align.train.moe_module import MoeAuxConfig, build_train_module
 from align.train.optim import OptimizerConfig
 from align.train.parallel import ParallelConfig
 from align.train.probes import ProbeConfig, Tripwires
@@ -51,6 +54,7 @@ class SftModelConfig:
 
     base: str = ""  # HF checkpoint directory (e.g. a Mistral-7B-v0.3 snapshot); empty: initialise [model.init]
     init: MistralConfig = field(default_factory=MistralConfig)  # shape of a from-scratch model
+    moe: ExpertLayout | None = None  # [model.moe]: a from-scratch model with these experts (OLMoE family)
     dtype: Literal["float32", "bfloat16"] = "float32"  # parameter dtype (bf16 pairs with adamw8bit)
 
 
@@ -76,6 +80,7 @@ class SftStageConfig(CommonConfig):
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     probes: ProbeConfig = field(default_factory=ProbeConfig)
     inloop_eval: InLoopEvalConfig = field(default_factory=InLoopEvalConfig)
+    moe_aux: MoeAuxConfig = field(default_factory=MoeAuxConfig)  # [moe_aux]: MoE models only
 
 
 def build_model(cfg: SftStageConfig) -> MistralForCausalLM:
@@ -83,18 +88,22 @@ def build_model(cfg: SftStageConfig) -> MistralForCausalLM:
     seed_all(cfg.run.seed)  # every stream seeded: the same initial weights on every rank and every attempt
     if cfg.model.base:
         return load_checkpoint(cfg.model.base, dtype=dtype, device=device())
-    return MistralForCausalLM(cfg.model.init).to(device=device(), dtype=dtype)
+    return from_scratch(cfg.model.init, cfg.model.moe).to(device=device(), dtype=dtype)
 
 
-def build_module(cfg, model: MistralForCausalLM) -> SftTrainModule:
-    """The next-token CE module over `model` (shared with the pretraining rung, align.stages.pretrain)."""
+def build_module(cfg, model: MistralForCausalLM, stage: str = "sft") -> SftTrainModule:
+    """The next-token CE module over `model` (shared with the pretraining rung, align.stages.pretrain); an MoE
+    model's gets the aux objective of `stage` (align.train.moe_module)."""
     module_cfg = TrainModuleConfig(optimizer=cfg.optimizer, scheduler=cfg.scheduler, parallel=cfg.parallel)
-    return SftTrainModule(model, module_cfg, cfg.loss, cfg.train.max_steps, seed=cfg.run.seed)
+    return build_train_module(SftTrainModule, model, module_cfg, cfg.loss, cfg.train.max_steps, seed=cfg.run.seed,
+                              moe_aux=cfg.moe_aux, stage=stage)
 
 
 def base_identity(cfg) -> str:
     """What the run starts from: the base checkpoint's content hash, or the from-scratch shape's digest."""
-    return checkpoint_content_hash(cfg.model.base) if cfg.model.base else config_digest(cfg.model.init)
+    if cfg.model.base:
+        return checkpoint_content_hash(cfg.model.base)
+    return config_digest(cfg.model.init) if cfg.model.moe is None else config_digest(cfg.model)
 
 
 def fit_and_publish(cfg, module, loader, run_dir: Path, callbacks: list, tok_dir: Path, inputs: dict) -> int:

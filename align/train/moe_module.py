@@ -33,6 +33,7 @@ from typing import Literal
 import torch
 from torch import nn
 
+from align.model.family import family_of_model
 from align.model.moe import LossConvention, RouterStats, expert_load_metrics, load_balancing_loss, router_z_loss
 from align.train.callbacks import Callback
 from align.train.train_module import AccumInfo, LossOutput, StepMetrics, StepOutcome, TrainModule
@@ -94,6 +95,15 @@ def moe_module(base: type[TrainModule]) -> type[TrainModule]:
 
     _MoE.__name__ = _MoE.__qualname__ = f"MoE{base.__name__}"
     return _MoE
+
+
+def build_train_module(base: type[TrainModule], model: nn.Module, *args, moe_aux: MoeAuxConfig, stage: str,
+                       **kwargs) -> TrainModule:
+    """`base(model, *args, **kwargs)`, with the MoE objective when the model's family has routers."""
+    wrap = FAMILY_MODULES.get(family_of_model(model).name)
+    if wrap is None:
+        return base(model, *args, **kwargs)
+    return wrap(base)(model, *args, moe_aux=moe_aux, stage=stage, **kwargs)
 
 
 class MoETrainModule(TrainModule):
@@ -188,3 +198,6 @@ class RouterCollapseTripwire(Callback):
         if self.max_vio is not None and vio > self.max_vio:
             return f"router collapse: MaxVio {vio:.3f} over the limit {self.max_vio}"
         return None
+
+
+FAMILY_MODULES = {"olmoe": moe_module}  # family name (align.model.family) -> how its TrainModules are built

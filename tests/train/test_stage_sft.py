@@ -123,3 +123,25 @@ def test_two_rank_torchrun_stage_matches_one_rank(runs, tmp_path):
         torch.testing.assert_close(two[k], one[k], rtol=0, atol=1e-6, msg=k)
     rows = [read_history(tmp_path / d / "history.jsonl") for d in ("one", "two")]
     assert [r["loss_tokens"] for r in rows[0]] == [r["loss_tokens"] for r in rows[1]]
+
+
+def test_moe_model_from_scratch_trains_with_telemetry_and_publishes_olmoe(runs, tmp_path):
+    """[model.moe] turns the from-scratch shape into an OLMoE model: the stage trains it through MoETrainModule
+    (moe/* history columns, here with a load-balance term), publishes an OLMoE checkpoint in the hub layout, and a
+    rerun resumes to the same weights."""
+    from align.model.checkpoint import load_checkpoint
+    from align.model.olmoe import OlmoeForCausalLM
+
+    moe = ["model.moe.num_experts=4", "model.moe.num_experts_per_tok=2", "moe_aux.load_balance=0.01"]
+    run_dir = tmp_path / "sft_moe"
+    assert run_sft(runs, run_dir, *moe) == 0
+    cfg = json.loads((run_dir / "final" / "config.json").read_text())
+    assert cfg["model_type"] == "olmoe" and cfg["num_experts"] == 4
+    rows = read_history(run_dir / "history.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3, 4] and rows[-1]["loss"] < rows[0]["loss"]
+    assert {"moe/lb_loss", "moe/max_vio", "moe/utilization", "moe/load_entropy"} <= set(rows[0])
+    model = load_checkpoint(run_dir / "final")
+    assert isinstance(model, OlmoeForCausalLM)
+    first = model.state_dict()
+    assert run_sft(runs, run_dir, *moe) == 0
+    assert_bitwise_equal(first, load_checkpoint(run_dir / "final").state_dict())

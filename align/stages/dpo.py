@@ -39,7 +39,7 @@ from align.train.callbacks import ProgressLine, SpeedMonitor
 from align.train.dpo_loss import DpoLossConfig
 from align.train.dpo_module import DpoTrainModule, preference_eval
 from align.train.identity import run_identity
-from align.train.moe_module import MoeAuxConfig, build_train_module
+from align.train.moe_module import MoeAuxConfig, build_train_module, moe_callbacks
 from align.train.optim import OptimizerConfig
 from align.train.parallel import ParallelConfig
 from align.train.probes import ProbeConfig, Tripwires
@@ -172,6 +172,7 @@ def main() -> int:
     tok = Tokenizer.from_pretrained(tokenizer_dir_for(reference) or cfg.tokenizer.path, cfg.tokenizer.cache)
     inloop = build_inloop_eval(cfg.inloop_eval, runs, tok, module, cfg.train.max_steps, engine_model=model)
     callbacks += [inloop] if inloop is not None else []
+    callbacks += moe_callbacks(cfg.moe_aux)
     inputs = {"reference": cache.key.reference, "pairs": shards.digest, "ref_cache": cache.key.digest()}
     trainer = Trainer(cfg.train, module, loader, run_dir, callbacks, identity=run_identity(cfg, inputs))
     code = trainer.fit()

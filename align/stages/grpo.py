@@ -35,7 +35,7 @@ from align.rollout import make_rollout_client
 from align.tokenizer import Tokenizer
 from align.train.callbacks import ProgressLine, SpeedMonitor
 from align.train.identity import run_identity
-from align.train.moe_module import build_train_module
+from align.train.moe_module import build_train_module, moe_callbacks
 from align.train.train_module import TrainModuleConfig
 from align.train.trainer import Trainer
 from align.utils.dist import device, init_distributed, is_rank0, rank, world_size
@@ -91,6 +91,7 @@ def main() -> int:
                  ProgressLine(cfg.train.max_steps, label="grpo")]
     inloop = build_inloop_eval(cfg.inloop_eval, runs, tok, module, cfg.train.max_steps, client=client)
     callbacks += [inloop] if inloop is not None else []
+    callbacks += moe_callbacks(cfg.moe_aux)
     inputs = {"start": checkpoint_content_hash(start), "prompts": prompts.digest}
     trainer = Trainer(cfg.train, module, source, run_dir, callbacks, identity=run_identity(cfg, inputs))
     code = trainer.fit()

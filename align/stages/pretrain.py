@@ -34,7 +34,7 @@ from align.tokenizer import Tokenizer, TokenizerConfig
 from align.tokenizer.tokenizer import resolve_tokenizer_dir
 from align.train.callbacks import ProgressLine, SpeedMonitor
 from align.train.heldout import HeldoutConfig, HeldoutPerplexity
-from align.train.moe_module import MoeAuxConfig
+from align.train.moe_module import MoeAuxConfig, moe_callbacks
 from align.train.optim import OptimizerConfig
 from align.train.parallel import ParallelConfig
 from align.train.probes import ProbeConfig, Tripwires
@@ -105,6 +105,7 @@ def main() -> int:
                  Tripwires(cfg.probes, list(module.model.parameters()), model.config.vocab_size),
                  ProgressLine(cfg.train.max_steps, label="pretrain")]
     inputs = {"corpus": corpus.digest, "base": base_identity(cfg)}
+    callbacks += moe_callbacks(cfg.moe_aux)
     code = fit_and_publish(cfg, module, loader, run_dir, callbacks, tok_dir, inputs)
     if code != 0:
         return code

@@ -34,7 +34,7 @@ from align.tokenizer import Tokenizer, TokenizerConfig
 from align.tokenizer.tokenizer import resolve_tokenizer_dir
 from align.train.callbacks import ProgressLine, SpeedMonitor
 from align.train.identity import run_identity
-from align.train.moe_module import MoeAuxConfig, build_train_module
+from align.train.moe_module import MoeAuxConfig, build_train_module, moe_callbacks
 from align.train.optim import OptimizerConfig
 from align.train.parallel import ParallelConfig
 from align.train.probes import ProbeConfig, Tripwires
@@ -154,6 +154,7 @@ def main() -> int:
     tok = Tokenizer.from_pretrained(tok_dir, cfg.tokenizer.cache)
     inloop = build_inloop_eval(cfg.inloop_eval, runs, tok, module, cfg.train.max_steps, engine_model=engine_model)
     callbacks += [inloop] if inloop is not None else []
+    callbacks += moe_callbacks(cfg.moe_aux)
     inputs = {"shards": shards.digest, "base": base_identity(cfg)}
     code = fit_and_publish(cfg, module, loader, run_dir, callbacks, tok_dir, inputs)
     if code != 0:

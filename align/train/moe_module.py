@@ -52,6 +52,9 @@ class MoeAuxConfig:
     z_loss: float | None = None
     convention: LossConvention = "switch"
     scope: Literal["global", "micro"] = "global"
+    # router-collapse tripwire (RouterCollapseTripwire), armed by either threshold; None: not armed
+    collapse_max_dead_fraction: float | None = None
+    collapse_max_vio: float | None = None
 
     def coefficients(self, stage: str) -> tuple[float, float]:
         lb, z = PRETRAIN_DEFAULTS if stage in PRETRAIN_STAGES else (0.0, 0.0)
@@ -201,3 +204,11 @@ class RouterCollapseTripwire(Callback):
 
 
 FAMILY_MODULES = {"olmoe": moe_module}  # family name (align.model.family) -> how its TrainModules are built
+
+
+def moe_callbacks(aux: MoeAuxConfig) -> list[Callback]:
+    """The Trainer callbacks a stage's [moe_aux] arms (none by default). Harmless on a dense model: without moe/*
+    columns the tripwire reads NaN, which never exceeds a threshold."""
+    if aux.collapse_max_dead_fraction is None and aux.collapse_max_vio is None:
+        return []
+    return [RouterCollapseTripwire(aux.collapse_max_dead_fraction, aux.collapse_max_vio)]

@@ -150,3 +150,12 @@ def test_sigterm_then_resume_moe_sft_is_bitwise_equal(tmp_path):
     rows_cut = read_history(tmp_path / "cut" / "history.jsonl")
     assert [r["loss"] for r in rows_cut] == [r["loss"] for r in rows_full]
     assert [r["moe/max_vio"] for r in rows_cut] == [r["moe/max_vio"] for r in rows_full]
+
+
+def test_moe_callbacks_are_armed_only_by_a_threshold():
+    from align.train.moe_module import moe_callbacks
+
+    assert moe_callbacks(MoeAuxConfig()) == []
+    (trip,) = moe_callbacks(MoeAuxConfig(collapse_max_dead_fraction=0.25))
+    assert trip.observe(None, {"moe/frac_dead": 0.5, "moe/max_vio": 0.0}).startswith("router collapse: 0.500")
+    assert trip.observe(None, {"moe/frac_dead": 0.25, "moe/max_vio": 9.0}) is None

@@ -145,3 +145,11 @@ def test_moe_model_from_scratch_trains_with_telemetry_and_publishes_olmoe(runs, 
     first = model.state_dict()
     assert run_sft(runs, run_dir, *moe) == 0
     assert_bitwise_equal(first, load_checkpoint(run_dir / "final").state_dict())
+
+
+def test_armed_router_collapse_tripwire_halts_the_stage(runs, tmp_path, capsys):
+    """[moe_aux] collapse_max_vio arms RouterCollapseTripwire: a threshold of 0 trips at the first window (exit 80,
+    the tripwire HALT), naming the rule."""
+    moe = ["model.moe.num_experts=4", "model.moe.num_experts_per_tok=2", "moe_aux.collapse_max_vio=0.0"]
+    assert run_sft(runs, tmp_path / "sft_collapse", *moe) == 80
+    assert "router collapse: MaxVio" in capsys.readouterr().err

@@ -159,3 +159,25 @@ def test_moe_callbacks_are_armed_only_by_a_threshold():
     (trip,) = moe_callbacks(MoeAuxConfig(collapse_max_dead_fraction=0.25))
     assert trip.observe(None, {"moe/frac_dead": 0.5, "moe/max_vio": 0.0}).startswith("router collapse: 0.500")
     assert trip.observe(None, {"moe/frac_dead": 0.25, "moe/max_vio": 9.0}) is None
+
+
+def test_micro_scope_is_the_mean_of_per_micro_batch_losses_fp64():
+    """scope "micro" (the ablation): the window's aux gradient is that of the mean over micro-batches of each
+    micro-batch's own load-balance loss (its own f, P and token count)."""
+    from moe_train_helpers import aux_only_batch
+
+    model = tiny_moe(dtype=torch.float64)
+    module = MoESft(model, TrainModuleConfig(), SftLossConfig(fused=False), total_steps=1,
+                    moe_aux=MoeAuxConfig(load_balance=1.0, z_loss=0.5, scope="micro"))
+    batches = [aux_only_batch(0), aux_only_batch(1)]
+    for i, b in enumerate(batches):
+        module.train_batch(b, AccumInfo(i, 2, 1.0, 1))
+    gate = model.model.layers[0].mlp.gate.weight
+    got = gate.grad.clone()
+    model.zero_grad()
+    total = 0.0
+    for b in batches:
+        _, stats = model(b["input_ids"], b["attention_mask"], return_router_stats=True)
+        total = total + 0.5 * (load_balancing_loss(stats) + 0.5 * router_z_loss(stats))
+    total.backward()
+    torch.testing.assert_close(got, gate.grad, rtol=1e-10, atol=1e-14)

@@ -219,6 +219,7 @@ class RouterStats:
     z_sums: torch.Tensor  # (L,): sum over tokens of logsumexp(logits)^2
     tokens: torch.Tensor  # (): tokens counted (the same in every layer)
     top_k: int
+    entropy_sums: torch.Tensor | None = None  # (L,): sum over tokens of the router distribution's entropy (nats)
 
     @property
     def num_layers(self) -> int:
@@ -232,40 +233,49 @@ class RouterStats:
     def from_logits(layer_logits: list[torch.Tensor], top_k: int,
                     mask: torch.Tensor | None = None) -> "RouterStats":
         """layer_logits: per layer (N, E) router logits; mask (N,) bool/0-1, True = count this token."""
-        counts, probs, zs = [], [], []
+        counts, probs, zs, ents = [], [], [], []
         weight = None if mask is None else mask.reshape(-1, 1).float()
         for logits in layer_logits:
             routing = route(logits, top_k, norm_topk_prob=False)
             p = routing.probs
             hits = torch.zeros_like(p).scatter_(1, routing.topk_ids, 1.0).detach()
             z = torch.logsumexp(logits.to(p.dtype), dim=-1, keepdim=True).square()
+            ent = -(p * torch.log_softmax(logits.to(p.dtype), dim=-1)).sum(-1, keepdim=True).detach()
             if weight is not None:
-                hits, p, z = hits * weight, p * weight, z * weight
+                hits, p, z, ent = hits * weight, p * weight, z * weight, ent * weight
             counts.append(hits.sum(0))
             probs.append(p.sum(0))
             zs.append(z.sum())
+            ents.append(ent.sum())
         n = probs[0].new_tensor(layer_logits[0].shape[0] if mask is None else float(weight.sum()))
-        return RouterStats(torch.stack(counts), torch.stack(probs), torch.stack(zs), n, top_k)
+        return RouterStats(torch.stack(counts), torch.stack(probs), torch.stack(zs), n, top_k, torch.stack(ents))
 
     def __add__(self, other: "RouterStats") -> "RouterStats":
         return RouterStats(self.counts + other.counts, self.prob_sums + other.prob_sums,
-                           self.z_sums + other.z_sums, self.tokens + other.tokens, self.top_k)
+                           self.z_sums + other.z_sums, self.tokens + other.tokens, self.top_k,
+                           self.entropy() + other.entropy())
+
+    def entropy(self) -> torch.Tensor:
+        """(L,) entropy sums (zeros for stats built without them)."""
+        return self.entropy_sums if self.entropy_sums is not None else torch.zeros_like(self.z_sums.detach())
 
     def detach(self) -> "RouterStats":
-        return RouterStats(self.counts, self.prob_sums.detach(), self.z_sums.detach(), self.tokens, self.top_k)
+        return RouterStats(self.counts, self.prob_sums.detach(), self.z_sums.detach(), self.tokens, self.top_k,
+                           self.entropy_sums)
 
     def totals(self) -> torch.Tensor:
         """Everything packed in one flat tensor (detached), for a single all-reduce."""
         return torch.cat([self.counts.flatten(), self.prob_sums.detach().flatten(), self.z_sums.detach(),
-                          self.tokens.reshape(1)])
+                          self.tokens.reshape(1), self.entropy()])
 
     @staticmethod
     def from_totals(flat: torch.Tensor, num_layers: int, num_experts: int, top_k: int) -> "RouterStats":
         le = num_layers * num_experts
-        if flat.numel() != 2 * le + num_layers + 1:
+        if flat.numel() != 2 * le + 2 * num_layers + 1:
             raise ValueError(f"RouterStats.from_totals: {flat.numel()} values for L={num_layers} E={num_experts}")
+        z_end = 2 * le + num_layers
         return RouterStats(flat[:le].view(num_layers, num_experts), flat[le:2 * le].view(num_layers, num_experts),
-                           flat[2 * le:2 * le + num_layers], flat[-1], top_k)
+                           flat[2 * le:z_end], flat[z_end], top_k, flat[z_end + 1:])
 
 
 LossConvention = Literal["switch", "hf"]

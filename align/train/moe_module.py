@@ -41,7 +41,8 @@ from align.utils.dist import all_reduce_sum
 
 PRETRAIN_STAGES = ("pretrain", "proxy")
 PRETRAIN_DEFAULTS = (0.01, 0.001)  # (load balance, z-loss) for pretraining-type stages
-METRIC_KEYS = ("moe/lb_loss", "moe/z_loss", "moe/max_vio", "moe/utilization", "moe/frac_dead", "moe/load_entropy")
+METRIC_KEYS = ("moe/lb_loss", "moe/z_loss", "moe/max_vio", "moe/utilization", "moe/frac_dead", "moe/load_entropy",
+               "moe/router_entropy")
 
 
 @dataclass(frozen=True)
@@ -150,7 +151,7 @@ class MoETrainModule(TrainModule):
             scale = units
         else:
             f_from, tokens, scale = stats, stats.tokens, units / (world * accum.num_micro)
-        local = RouterStats(stats.counts, stats.prob_sums, stats.z_sums, tokens, stats.top_k)
+        local = RouterStats(stats.counts, stats.prob_sums, stats.z_sums, tokens, stats.top_k, stats.entropy_sums)
         aux = self.lb_coef * load_balancing_loss(local, self.moe_aux.convention, dispatch_from=f_from)
         aux = aux + self.z_coef * router_z_loss(local)
         return scale * aux
@@ -176,13 +177,15 @@ class MoETrainModule(TrainModule):
 
 
 def window_metrics(window: RouterStats, convention: LossConvention) -> dict[str, float]:
-    """The `moe/*` history columns of one window's global stats (exact values, no gradient)."""
+    """The `moe/*` history columns of one window's global stats (exact values, no gradient). router_entropy: the
+    mean entropy of the tokens' router distributions over log E (1: the router cannot tell experts apart)."""
     load = expert_load_metrics(window)
     return {"moe/lb_loss": float(load_balancing_loss(window.detach(), convention)),
             "moe/z_loss": float(router_z_loss(window.detach())), "moe/max_vio": load["max_vio"],
             "moe/utilization": load["utilization"],
             "moe/frac_dead": load["dead_experts"] / (window.num_layers * window.num_experts),
-            "moe/load_entropy": load["load_entropy"]}
+            "moe/load_entropy": load["load_entropy"],
+            "moe/router_entropy": float((window.entropy() / window.tokens).mean()) / math.log(max(window.num_experts, 2))}
 
 
 class RouterCollapseTripwire(Callback):

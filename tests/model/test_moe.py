@@ -122,6 +122,13 @@ def test_aux_loss_conventions():
         load_balancing_loss(uniform, "gshard")
 
 
+def test_router_entropy_sums():
+    uniform = RouterStats.from_logits([torch.zeros(6, 4)], 2)
+    assert uniform.entropy().item() == pytest.approx(6 * math.log(4))
+    peaked = RouterStats.from_logits([torch.tensor([[50.0, 0.0, 0.0, 0.0]])], 1)
+    assert peaked.entropy().item() == pytest.approx(0.0, abs=1e-12)
+
+
 def test_z_loss_is_mean_squared_logsumexp():
     logits = torch.tensor([[0.0, 0.0], [1.0, 3.0]])
     stats = RouterStats.from_logits([logits], 1)

@@ -28,6 +28,8 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
+import os
+import platform
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,10 +70,7 @@ def golden_record(stage: str, checkpoint_hash: str, samples: Sequence[dict], hos
 
 def host_label() -> dict:
     """What distinguishes hosts whose training differs: the CPU model and the ISA torch and the native kernels use."""
-    import os
-    import platform
-
-    import torch
+    import torch  # here: the anchors' CLI (accept) needs no torch
 
     cpu = ""
     try:

@@ -80,9 +80,9 @@ def evaluate(client, task: EvalTask, rows: Sequence[int], max_new_tokens: int, p
     result = {"pass@1": correct / n if n else math.nan, "stop_rate": stopped / n if n else math.nan, "n": n}
     if pass_k:
         result[f"pass@{pass_k}"] = pk / n if n else math.nan
-    if task.group is not None:
-        result["pass@1_by_group"] = _by_group(task.group, list(rows), right)
     result["right"] = _right_vector(list(rows), right)
+    if task.group is not None:
+        result["pass@1_by_group"] = _by_group(task.group, list(rows), result["right"])
     return result
 
 
@@ -110,16 +110,12 @@ def paired_gain(before: dict, after: dict) -> dict[str, float]:
             "rows_gained": sum(d > 0 for d in diffs), "rows_lost": sum(d < 0 for d in diffs)}
 
 
-def _by_group(group: Callable[[int], str], rows: list[int], right: dict[int, bool]) -> dict[str, float]:
-    """Greedy accuracy per group over all ranks: every rank knows every row's group, so the count vectors align."""
-    names = sorted({group(r) for r in rows})
-    slot = {g: i for i, g in enumerate(names)}
-    counts = torch.zeros(2 * len(names), dtype=torch.float64)
-    for r, ok in right.items():
-        counts[2 * slot[group(r)]] += 1
-        counts[2 * slot[group(r)] + 1] += float(ok)
-    counts = all_reduce_sum(counts)
-    return {g: float(counts[2 * i + 1] / counts[2 * i]) if counts[2 * i] else math.nan for g, i in slot.items()}
+def _by_group(group: Callable[[int], str], rows: list[int], right: list[int]) -> dict[str, float]:
+    """Greedy accuracy per group from the all-ranks right/wrong vector (`right[i]` is row `rows[i]`)."""
+    hits: dict[str, list[int]] = {}
+    for r, ok in zip(rows, right):
+        hits.setdefault(group(r), []).append(ok)
+    return {g: sum(v) / len(v) for g, v in sorted(hits.items())}
 
 
 class Canary(Callback):

@@ -98,7 +98,7 @@ def test_callback_columns_cadence_and_weight_sync(runs):
     assert metrics["eval/nll"] == heldout_nll(model, sols, range(8), 32)
 
 
-def test_off_builds_nothing_and_a_sharded_model_is_refused(runs):
+def test_off_builds_nothing_and_a_callback_without_a_model_is_refused(runs):
     tok = Tokenizer.from_pretrained(TokenizerConfig().path)
     assert build_inloop_eval(InLoopEvalConfig(every=0), runs, tok, Module(tiny()), 5, engine_model=tiny()) is None
     with pytest.raises(ValueError, match="engine_model"):

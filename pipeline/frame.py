@@ -1,7 +1,7 @@
 """What a dodo file calls: `install(namespace, ...)` puts DOIT_CONFIG and one task creator into it.
 
 One creator yields every ladder task under its own basename, so `doit list` shows them in ladder order, and plain
-`doit` builds every stage (not `smoke`, which is the CI entry point)."""
+`doit` builds every stage but the extra rungs (`StageSpec.extra`: built when named) and `smoke` (the CI entry point)."""
 
 from __future__ import annotations
 
@@ -32,9 +32,11 @@ def install(namespace: dict, project: Project | None = None, stages: Sequence[St
     tasks = list(ladder_tasks(project, profile, stages))
     blocked = blocked_tasks(tasks)
     runnable = [t for t in tasks if "actions" in t and task_name(t) not in blocked]
-    tasks.append(smoke_task(project, profile, runnable, blocked, dodo))
+    extra = {spec.name for spec in stages if spec.extra}
+    default = [t for t in runnable if t["basename"] not in extra]
+    tasks.append(smoke_task(project, profile, default, blocked, dodo))
     tasks.append(report_task(project, profile, runnable))
-    namespace["DOIT_CONFIG"] = {**doit_config(project, profile), "default_tasks": [task_name(t) for t in runnable]}
+    namespace["DOIT_CONFIG"] = {**doit_config(project, profile), "default_tasks": [task_name(t) for t in default]}
 
     def task_ladder():
         """the align stage ladder"""

@@ -33,4 +33,5 @@ STAGE = StageSpec(
     heavy=True,
     distributed=True,
     optional=True,
+    extra=True,  # not a dependency of tiny's SFT; `bash scripts/main.sh pretrain_checkpoint` builds it
 )

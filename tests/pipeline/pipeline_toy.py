@@ -35,6 +35,11 @@ FILES = {
                       file_dep=lambda ctx: [ctx.stage_dir("ingest") / "out" / "manifest.json"],
                       targets=lambda ctx: [ctx.run_dir / "out" / "manifest.json"]),
         ]
+        if os.environ.get("TOY_EXTRA"):  # a side rung: built only when asked for by name
+            STAGES.append(StageSpec(name="ppo_checkpoint", doc="an extra rung", worker="toyalign.stages.shards",
+                                    config="shards.toml", extra=True,
+                                    file_dep=lambda ctx: [ctx.stage_dir("ingest") / "out" / "manifest.json"],
+                                    targets=lambda ctx: [ctx.run_dir / "out" / "manifest.json"]))
         if os.environ.get("TOY_BLOCKED"):  # a stage whose upstream is not declared (an incomplete ladder)
             STAGES.append(StageSpec(name="sft_checkpoint", doc="needs an undeclared upstream",
                                     worker="toyalign.stages.shards", config="shards.toml",

@@ -234,3 +234,13 @@ def test_incomplete_ladder_builds_what_can_run(tmp_path):
     summary = json.loads((root / "runs/smoke/receipts/smoke.json").read_text())
     assert set(summary["tasks"]) == {"ingest", "shards"}
     assert summary["tasks_blocked"] == {"sft_checkpoint": str(root / "runs/smoke/pretrain/manifest.json")}
+
+
+def test_extra_rung_is_built_only_when_named(toy):
+    env = {"TOY_EXTRA": "1"}
+    assert "ppo_checkpoint" in doit(toy, "list", env_extra=env).stdout
+    res = doit(toy, env_extra=env)
+    assert res.returncode == 0 and calls(toy) == ["ingest", "shards"], res.stdout + res.stderr
+    res = doit(toy, "ppo_checkpoint", env_extra=env)
+    assert res.returncode == 0 and calls(toy) == ["ingest", "shards", "shards"], res.stdout + res.stderr  # its worker
+    assert (toy / "runs/toy/ppo_checkpoint/out/manifest.json").is_file()

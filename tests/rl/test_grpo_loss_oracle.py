@@ -39,14 +39,18 @@ def tensors(seed: int):
     return logp, old, roll, ref, mask, adv
 
 
-def trl_loss(logp, inputs, *, loss_type, level="token", beta=0.0, eps=(0.2, 0.28), delta=None, corrected=False):
+def trl_loss(logp, inputs, *, loss_type, level="token", beta=0.0, eps=(0.2, 0.28), delta=None, corrected=False,
+             entropies=None, entropy_coef=0.0):
+    """TRL's GRPOTrainer._compute_loss on given per-token log-probs (and entropies, for its entropy bonus)."""
     fake = SimpleNamespace(
-        _get_per_token_logps_and_entropies=lambda *a, **k: (logp, torch.zeros_like(logp), None),
+        _get_per_token_logps_and_entropies=lambda *a, **k: (
+            logp, torch.zeros_like(logp) if entropies is None else entropies, None),
         aux_loss_enabled=False, top_entropy_quantile=1.0, off_policy_mask_threshold=None,
         importance_sampling_level=level, beta=beta, loss_type=loss_type, epsilon_low=eps[0], epsilon_high=eps[1],
         args=SimpleNamespace(delta=delta, use_bias_correction_kl=False, steps_per_generation=1),
         use_vllm=corrected, vllm_importance_sampling_correction=corrected, model=SimpleNamespace(training=True),
-        current_gradient_accumulation_steps=1, max_completion_length=L, _entropy_bonus_enabled=False,
+        current_gradient_accumulation_steps=1, max_completion_length=L, _entropy_bonus_enabled=entropy_coef > 0,
+        entropy_coef=entropy_coef, use_adaptive_entropy=False,
         _metrics={"train": defaultdict(list), "eval": defaultdict(list)},
         accelerator=SimpleNamespace(num_processes=1, sync_gradients=True, gather=lambda x: x,
                                     reduce=lambda x, reduction="sum": x, gather_for_metrics=lambda x: x))

@@ -5,7 +5,8 @@ Data flow of one block on N tokens (d = hidden size, E experts, k experts per to
 
     route:          logits (N, E) -> fp32 softmax over all E -> top-k  -> Routing (probs, top-k ids and weights)
     sort_by_expert: the N*k flat assignments, stably argsorted by expert id -> Dispatch (order, counts)
-    gather_rows:    x (N, d) -> x_sorted (N*k, d), rows grouped by expert, each group in token order
+    gather_rows:    x (N, d) -> x_sorted (N*k, d), rows grouped by expert, each group in token order (its backward
+                    is a gather and the same fixed-order sum over k as combine's, not autograd's scatter-add)
     experts_*:      per expert SwiGLU on its rows (a Python loop, or one torch grouped GEMM)
     combine:        unsort back to (N, k, d), scale by the routing weights, sum over k in a fixed order
 
@@ -73,9 +74,37 @@ def sort_by_expert(topk_ids: torch.Tensor, num_experts: int) -> Dispatch:
     return Dispatch(order, inverse, counts, topk_ids.shape[-1])
 
 
+def fold_slots(y: torch.Tensor) -> torch.Tensor:
+    """(N, k, d) -> (N, d): y[:, 0] + y[:, 1] + ..., added in this order (an explicit left fold, so the rounding
+    never depends on a reduction kernel's choice). The one sum over a token's k slots, forward and backward."""
+    out = y[:, 0]
+    for j in range(1, y.shape[1]):
+        out = out + y[:, j]
+    return out
+
+
+class _GatherRows(torch.autograd.Function):
+    """x (N, d) -> x[order // k] (N*k, d), whose backward is a gather too. autograd's own index_select backward is
+    an `index_add_` (a scatter-add; on CUDA its accumulation order is nondeterministic): here the gradient of
+    token t is grad_sorted[inverse[t*k + j]] summed over j = 0, 1, ... by `fold_slots`, the combine's fixed order."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, order: torch.Tensor, inverse: torch.Tensor, top_k: int) -> torch.Tensor:
+        ctx.save_for_backward(inverse)
+        ctx.top_k = top_k
+        return x.index_select(0, torch.div(order, top_k, rounding_mode="floor"))
+
+    @staticmethod
+    def backward(ctx, grad_sorted: torch.Tensor):
+        (inverse,) = ctx.saved_tensors
+        # made of differentiable ops, so double backward (create_graph=True) works too
+        per_slot = grad_sorted.index_select(0, inverse).unflatten(0, (-1, ctx.top_k))
+        return fold_slots(per_slot), None, None, None
+
+
 def gather_rows(x: torch.Tensor, dispatch: Dispatch) -> torch.Tensor:
-    """x (N, d) -> (N*k, d): each token's row once per chosen expert, grouped by expert."""
-    return x.index_select(0, torch.div(dispatch.order, dispatch.top_k, rounding_mode="floor"))
+    """x (N, d) -> (N*k, d): each token's row once per chosen expert, grouped by expert (deterministic backward)."""
+    return _GatherRows.apply(x, dispatch.order, dispatch.inverse, dispatch.top_k)
 
 
 def unsort_rows(y_sorted: torch.Tensor, dispatch: Dispatch) -> torch.Tensor:
@@ -85,12 +114,8 @@ def unsort_rows(y_sorted: torch.Tensor, dispatch: Dispatch) -> torch.Tensor:
 
 def combine(y: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """y (N, k, d) expert outputs, weights (N, k) -> (N, d): sum_j weights[:, j] * y[:, j], added j = 0, 1, ...
-    in this order (an explicit left fold, so the rounding never depends on a reduction kernel's choice)."""
-    scaled = y * weights.unsqueeze(-1)
-    out = scaled[:, 0]
-    for j in range(1, scaled.shape[1]):
-        out = out + scaled[:, j]
-    return out
+    in this order (`fold_slots`)."""
+    return fold_slots(y * weights.unsqueeze(-1))
 
 
 def _swiglu(gate_up: torch.Tensor) -> torch.Tensor:

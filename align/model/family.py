@@ -16,7 +16,7 @@ from align.exceptions import CheckpointError
 from align.model.hf_config import MISTRAL_SPEC, ConfigSpec
 from align.model.mistral import MistralForCausalLM, MistralForProcessReward, MistralForValueHead
 from align.model.hf_config import MistralConfig
-from align.model.olmoe import ExpertLayout, OlmoeForCausalLM, olmoe_config
+from align.model.olmoe import ExpertLayout, OlmoeForCausalLM, olmoe_from_layout
 from align.model.olmoe_checkpoint import OLMOE_SPEC, fuse_hub_pairs, hub_targets, to_hub_layout
 
 StateDict = dict[str, torch.Tensor]
@@ -90,4 +90,4 @@ def from_scratch(init: MistralConfig, moe: ExpertLayout | None = None):
     """A freshly initialised causal LM of a stage's [model.init] shape; a [model.moe] table makes it OLMoE."""
     if moe is None:
         return MistralForCausalLM(init)
-    return OlmoeForCausalLM(olmoe_config(init, moe))
+    return olmoe_from_layout(init, moe)

@@ -15,6 +15,7 @@ stable and the combine is a gather plus a left-to-right sum, so identical inputs
 on every run (a scatter/`index_add_` combine accumulates in whatever order the kernel picks; on GPU in bf16 that
 gave different answers run to run). Numerics follow transformers' OLMoE: router logits in the activation dtype,
 softmax and top-k in fp32, the top-k weights cast back to the activation dtype before they scale expert outputs.
+`Router.router_dtype = "fp32"` (a training option, OLMo-core's) computes the router logits in fp32 instead.
 
 The block adds no loss. It returns the router logits; `RouterStats` reduces them (with the top-k choice and a
 token mask) to per-expert sums, which are additive over micro-batches and ranks (`totals` / `from_totals` pack
@@ -32,26 +33,30 @@ from torch import nn
 
 Backend = Literal["loop", "grouped"]
 BACKENDS: tuple[str, ...] = ("loop", "grouped")
+RouterDtype = Literal["activation", "fp32"]
+ROUTER_DTYPES: tuple[str, ...] = ("activation", "fp32")
 
 
 @dataclass(frozen=True)
 class Routing:
     """The router's decision for N tokens."""
 
-    logits: torch.Tensor  # (N, E) activation dtype, as the router's linear produced them
+    logits: torch.Tensor  # (N, E) as the router's linear produced them (activation dtype, or fp32: router_dtype)
     probs: torch.Tensor  # (N, E) fp32 softmax over all experts
     topk_ids: torch.Tensor  # (N, k) int64 expert per slot, in descending probability
     topk_weights: torch.Tensor  # (N, k) activation dtype: the top-k probabilities (renormalised if asked)
 
 
-def route(logits: torch.Tensor, top_k: int, norm_topk_prob: bool) -> Routing:
+def route(logits: torch.Tensor, top_k: int, norm_topk_prob: bool,
+          weight_dtype: torch.dtype | None = None) -> Routing:
     """logits (N, E) -> Routing. Softmax over all experts in fp32 (fp64 for fp64 logits), then top-k;
-    `norm_topk_prob` rescales the k chosen probabilities to sum to one (off for OLMoE-1B-7B)."""
+    `norm_topk_prob` rescales the k chosen probabilities to sum to one (off for OLMoE-1B-7B). The top-k weights
+    are cast to `weight_dtype` (the activations'; default: the logits')."""
     probs = torch.softmax(logits, dim=-1, dtype=torch.promote_types(logits.dtype, torch.float32))  # fp64 stays
     weights, ids = torch.topk(probs, top_k, dim=-1)
     if norm_topk_prob:
         weights = weights / weights.sum(dim=-1, keepdim=True)
-    return Routing(logits, probs, ids, weights.to(logits.dtype))
+    return Routing(logits, probs, ids, weights.to(logits.dtype if weight_dtype is None else weight_dtype))
 
 
 @dataclass(frozen=True)
@@ -173,15 +178,33 @@ def experts_grouped(x_sorted: torch.Tensor, counts: torch.Tensor, gate_up_proj: 
 EXPERT_BACKENDS = {"loop": experts_loop, "grouped": experts_grouped}
 
 
-class Router(nn.Module):
-    """Linear scores over the experts: `weight` (E, d), the HF name `mlp.gate.weight`."""
+def router_compute_dtype(activation: torch.dtype, router_dtype: RouterDtype) -> torch.dtype:
+    """The dtype the router's linear runs in: the activations' ("activation"), or at least fp32 ("fp32"; an fp64
+    model stays fp64)."""
+    if router_dtype == "activation":
+        return activation
+    if router_dtype == "fp32":
+        return torch.promote_types(activation, torch.float32)
+    raise ValueError(f"router_dtype must be one of {ROUTER_DTYPES}, got {router_dtype!r}")
 
-    def __init__(self, hidden_size: int, num_experts: int):
+
+class Router(nn.Module):
+    """Linear scores over the experts: `weight` (E, d), the HF name `mlp.gate.weight`.
+
+    `router_dtype` is align's training option, not part of the architecture (config.json never holds it):
+    "activation" computes the logits in the activations' dtype as transformers does; "fp32" computes them from fp32
+    copies of x and the weight (OLMo-core's bf16 training recipe: a bf16 router linear rounds near-tied logits
+    together and flips top-k choices). Set from a stage's [model.moe] table or `set_router_dtype`."""
+
+    def __init__(self, hidden_size: int, num_experts: int, router_dtype: RouterDtype = "activation"):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(num_experts, hidden_size))
+        router_compute_dtype(torch.float32, router_dtype)  # validates
+        self.router_dtype = router_dtype
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight)
+        dtype = router_compute_dtype(x.dtype, self.router_dtype)
+        return F.linear(x.to(dtype), self.weight.to(dtype))
 
     def init_parameters(self, std: float) -> None:
         nn.init.trunc_normal_(self.weight, std=std, a=-3 * std, b=3 * std)
@@ -213,11 +236,11 @@ class SparseMoeBlock(nn.Module):
     `ep` is the expert-parallel hook (issue 24): None runs every expert locally."""
 
     def __init__(self, hidden_size: int, intermediate_size: int, num_experts: int, top_k: int,
-                 norm_topk_prob: bool, backend: Backend = "loop"):
+                 norm_topk_prob: bool, backend: Backend = "loop", router_dtype: RouterDtype = "activation"):
         super().__init__()
         if not 1 <= top_k <= num_experts:
             raise ValueError(f"top_k must be in [1, num_experts={num_experts}], got {top_k}")
-        self.gate = Router(hidden_size, num_experts)
+        self.gate = Router(hidden_size, num_experts, router_dtype)
         self.experts = Experts(hidden_size, intermediate_size, num_experts, backend)
         self.num_experts, self.top_k, self.norm_topk_prob = num_experts, top_k, norm_topk_prob
         self.ep = None
@@ -226,7 +249,7 @@ class SparseMoeBlock(nn.Module):
         if self.ep is not None:
             raise NotImplementedError("expert parallelism (SparseMoeBlock.ep) is issue 24; ep must be None")
         flat = x.reshape(-1, x.shape[-1])
-        routing = route(self.gate(flat), self.top_k, self.norm_topk_prob)
+        routing = route(self.gate(flat), self.top_k, self.norm_topk_prob, weight_dtype=x.dtype)
         dispatch = sort_by_expert(routing.topk_ids, self.num_experts)
         y = self.experts(gather_rows(flat, dispatch), dispatch.counts)
         return combine(unsort_rows(y, dispatch), routing.topk_weights).view_as(x), routing.logits

@@ -23,7 +23,7 @@ from align.model.attention import AttentionConfig, KVCache
 from align.model.hf_config import MistralConfig
 from align.model.layers import RMSNorm
 from align.model.mistral import MistralAttention, MistralModel, _MistralBase
-from align.model.moe import BACKENDS, Experts, RouterStats, SparseMoeBlock
+from align.model.moe import BACKENDS, ROUTER_DTYPES, Experts, Router, RouterDtype, RouterStats, SparseMoeBlock
 
 
 @dataclass(frozen=True)
@@ -65,15 +65,28 @@ class OlmoeConfig(MistralConfig):
 @dataclass(frozen=True)
 class ExpertLayout:
     """A stage's [model.moe] table: turns a dense [model.init] shape into an OLMoE one (intermediate_size becomes
-    each expert's hidden size)."""
+    each expert's hidden size).
+
+    `router_dtype` is a training option, not architecture: it is set on the built model's routers
+    (`set_router_dtype`), never written to config.json (which holds transformers' fields only), so a checkpoint
+    loads as "activation" and a stage that wants "fp32" says so again."""
 
     num_experts: int = 8
     num_experts_per_tok: int = 2
     norm_topk_prob: bool = False
+    router_dtype: RouterDtype = "activation"
 
 
 def olmoe_config(dense: MistralConfig, layout: ExpertLayout) -> OlmoeConfig:
-    return OlmoeConfig(**dataclasses.asdict(dense), **dataclasses.asdict(layout))
+    arch = {k: v for k, v in dataclasses.asdict(layout).items() if k != "router_dtype"}
+    return OlmoeConfig(**dataclasses.asdict(dense), **arch)
+
+
+def olmoe_from_layout(dense: MistralConfig, layout: ExpertLayout) -> "OlmoeForCausalLM":
+    """A freshly initialised OLMoE of a [model.init] shape and a [model.moe] table (router_dtype applied)."""
+    model = OlmoeForCausalLM(olmoe_config(dense, layout))
+    set_router_dtype(model, layout.router_dtype)
+    return model
 
 
 class OlmoeAttention(MistralAttention):
@@ -171,3 +184,12 @@ def set_expert_backend(model: nn.Module, backend: str) -> None:
     for module in model.modules():
         if isinstance(module, Experts):
             module.backend = backend
+
+
+def set_router_dtype(model: nn.Module, router_dtype: str) -> None:
+    """Compute every router's logits of `model` in "activation" dtype (transformers') or "fp32" (OLMo-core's)."""
+    if router_dtype not in ROUTER_DTYPES:
+        raise ValueError(f"router_dtype must be one of {ROUTER_DTYPES}, got {router_dtype!r}")
+    for module in model.modules():
+        if isinstance(module, Router):
+            module.router_dtype = router_dtype

@@ -233,7 +233,9 @@ class Experts(nn.Module):
 class SparseMoeBlock(nn.Module):
     """Router + experts in place of a dense MLP. forward: x (..., d) -> (out (..., d), router logits (N, E)).
 
-    `ep` is the expert-parallel hook (issue 24): None runs every expert locally."""
+    `ep` is the expert-parallel hook: None runs every expert locally; align.model.moe_ep.apply_expert_parallel sets
+    it (the process groups) and puts an `ExpertShard` in `experts`, which moves the sorted rows to the ranks that
+    hold their experts and back, so this forward is the same code with and without EP."""
 
     def __init__(self, hidden_size: int, intermediate_size: int, num_experts: int, top_k: int,
                  norm_topk_prob: bool, backend: Backend = "loop", router_dtype: RouterDtype = "activation"):
@@ -246,8 +248,6 @@ class SparseMoeBlock(nn.Module):
         self.ep = None
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.ep is not None:
-            raise NotImplementedError("expert parallelism (SparseMoeBlock.ep) is issue 24; ep must be None")
         flat = x.reshape(-1, x.shape[-1])
         routing = route(self.gate(flat), self.top_k, self.norm_topk_prob, weight_dtype=x.dtype)
         dispatch = sort_by_expert(routing.topk_ids, self.num_experts)

@@ -234,10 +234,3 @@ def test_config_refuses_what_olmoe_is_not():
         from align.model import MistralConfig
         OlmoeForCausalLM(MistralConfig())
     assert isinstance(tiny_olmoe(), OlmoeConfig)
-
-
-def test_expert_parallel_hook_is_explicit():
-    b = block()
-    b.ep = object()
-    with pytest.raises(NotImplementedError, match="issue 24"):
-        b(torch.randn(3, 32))

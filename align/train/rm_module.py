@@ -20,7 +20,11 @@ from typing import Callable, Iterable
 import torch
 from torch import nn
 
+from align.exceptions import CheckpointError
 from align.kernels.fused_dpo import stack_arms
+from align.model.checkpoint import load_weights_into, resolve_checkpoint_dir
+from align.model.family import family_of_config
+from align.model.hf_config import load_hf_config
 from align.train.rm_loss import RmLossConfig, rm_loss
 from align.train.train_module import LossOutput, TrainModule, TrainModuleConfig
 
@@ -55,6 +59,30 @@ def pair_rewards(model: nn.Module, batch: dict) -> PairRewards:
     ids, mask, _ = (x.to(dev) for x in stack_arms(batch))  # (2B, T)
     chosen, rejected = sequence_rewards(model, ids, mask).chunk(2)
     return PairRewards(chosen, rejected)
+
+
+def critic_from_policy(policy_dir, *, dtype: torch.dtype = torch.float32, device="cpu", seed: int = 0) -> nn.Module:
+    """The family's sequence-classification critic (Mistral: `MistralForValueHead`) with the trunk of the causal-LM
+    checkpoint `policy_dir` (its lm_head is dropped) and a fresh score head: truncated normal (std =
+    initializer_range, cut at 3 std, init_weights' rule) from a generator seeded by `seed`, so the start is
+    reproducible and does not consume the global RNG."""
+    ckpt = resolve_checkpoint_dir(policy_dir)
+    cfg = load_hf_config(ckpt)
+    family = family_of_config(cfg)
+    heads = [c for c in family.models if c.hf_architecture.endswith("ForSequenceClassification")]
+    if not heads:
+        raise CheckpointError(f"{ckpt}: the {family.name} family has no sequence-classification critic (models: "
+                              f"{[m.__name__ for m in family.models]}); a reward model cannot start from it")
+    with torch.device("meta"):
+        model = heads[0](cfg, init=False).to(dtype)
+    model = model.to_empty(device=device)
+    load_weights_into(model, ckpt, ignore_missing=("score.",), ignore_unexpected=("lm_head.",))
+    std = cfg.initializer_range
+    with torch.no_grad():
+        w = torch.empty(model.score.weight.shape, dtype=torch.float32)
+        nn.init.trunc_normal_(w, std=std, a=-3 * std, b=3 * std, generator=torch.Generator().manual_seed(seed))
+        model.score.weight.copy_(w)
+    return model
 
 
 class RmTrainModule(TrainModule):

@@ -1,0 +1,132 @@
+"""The rm stage worker (`rm_checkpoint`) on real artifacts, with the smoke profile's configs/smoke/rm.toml: a tiny SFT
+checkpoint (real Mistral v0.3 vocabulary) and preference shards built by the data pipeline. The critic starts from
+the SFT trunk, held-out pair accuracy is computed before and after, the published checkpoint is an HF
+MistralForSequenceClassification that transformers loads with equal scores (oracle), and a resumed run is bitwise
+the uninterrupted one."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from align.data.collate import collate
+from align.data.store import ShardSet
+from align.model import MistralForValueHead
+from align.model.checkpoint import load_checkpoint
+from align.train.rm_module import model_scorer, pair_rewards
+from align.utils.tracking import read_history
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dpo"))
+from stage_fixtures import build_pair_shards, pair_rows, run_worker, save_tiny_checkpoint  # noqa: E402
+
+SMOKE_RM = Path(__file__).resolve().parents[2] / "configs" / "smoke" / "rm.toml"
+FAST = ("data.threads=1", "data.heldout_every=5", "data.eval_batch_pairs=8", "loader.micro_batch_size=4")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("rm_stage")
+    runs = tmp / "runs"
+    save_tiny_checkpoint(runs / "sft_checkpoint" / "final", seed=0)
+    build_pair_shards(tmp, runs / "shards" / "preference" / "out", pair_rows(20))
+    return runs
+
+
+def _rm(runs, run_dir, *overrides):
+    return run_worker("align.stages.rm", SMOKE_RM, runs, run_dir, *FAST, *overrides)
+
+
+def test_smoke_config_trains_from_the_sft_trunk_and_records_heldout_accuracy(runs):
+    run_dir = runs / "rm_a"
+    assert _rm(runs, run_dir) == 0
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["heldout_pairs"] == 4 and metrics["train_pairs"] == 16 and metrics["steps"] == 8
+    for key in ("heldout_accuracy_before", "heldout_accuracy"):
+        assert metrics[key] in (0.0, 0.25, 0.5, 0.75, 1.0)  # 4 pairs
+    assert metrics["heldout_margin"] != metrics["heldout_margin_before"]  # training moved the critic
+    rows = read_history(run_dir / "history.jsonl")
+    assert [r["step"] for r in rows] == list(range(1, 9)) and all(r["pairs"] == 4 for r in rows)
+
+    final = run_dir / "final"
+    config = json.loads((final / "config.json").read_text())
+    assert config["architectures"] == ["MistralForSequenceClassification"] and len(config["id2label"]) == 1
+    critic = load_checkpoint(final, cls=MistralForValueHead)
+    sft = load_file(str(runs / "sft_checkpoint" / "final" / "model.safetensors"))
+    rm = load_file(str(final / "model.safetensors"))
+    assert "lm_head.weight" not in rm and rm["score.weight"].shape == (1, critic.config.hidden_size)
+    assert set(rm) - {"score.weight"} == set(sft) - {"lm_head.weight"}
+    assert not torch.equal(rm["model.embed_tokens.weight"], sft["model.embed_tokens.weight"])  # trunk trained too
+
+    # the receipt's "after" accuracy is the published critic's
+    shards = ShardSet.open(runs / "shards" / "preference" / "out", kind="pairs")
+    scored = model_scorer(critic)(collate(shards, [0, 5, 10, 15]))
+    acc = float((scored.chosen > scored.rejected).float().mean())
+    assert acc == pytest.approx(metrics["heldout_accuracy"])
+
+
+@pytest.mark.oracle
+def test_transformers_loads_the_published_critic_with_equal_scores(runs):
+    pytest.importorskip("transformers")
+    from transformers import MistralForSequenceClassification
+
+    final = runs / "rm_a" / "final"
+    if not (final / "manifest.json").is_file():
+        assert _rm(runs, runs / "rm_a") == 0
+    hf = MistralForSequenceClassification.from_pretrained(final).eval()
+    critic = load_checkpoint(final, cls=MistralForValueHead).eval()
+    shards = ShardSet.open(runs / "shards" / "preference" / "out", kind="pairs")
+    batch = collate(shards, list(range(8)))  # right-padded with 0, the checkpoint's pad_token_id
+    assert hf.config.pad_token_id == 0 and not batch["chosen_attention_mask"].all()
+    with torch.no_grad():
+        mine = pair_rewards(critic, batch)
+        for arm, got in (("chosen", mine.chosen), ("rejected", mine.rejected)):
+            theirs = hf(input_ids=batch[f"{arm}_input_ids"],
+                        attention_mask=batch[f"{arm}_attention_mask"].long()).logits.squeeze(-1)
+            torch.testing.assert_close(got, theirs, atol=1e-5, rtol=1e-5)
+
+
+def test_resume_is_bitwise_equal_to_an_uninterrupted_run(runs):
+    whole, parts = runs / "rm_whole", runs / "rm_parts"
+    assert _rm(runs, whole, "train.max_steps=4", "train.checkpoint_every=2") == 0
+    assert _rm(runs, parts, "train.max_steps=2", "train.checkpoint_every=2") == 0
+    assert _rm(runs, parts, "train.max_steps=4", "train.checkpoint_every=2") == 0  # resumes from step_2
+    a, b = load_file(str(whole / "final" / "model.safetensors")), load_file(str(parts / "final" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    ma, mb = (json.loads((d / "metrics.json").read_text()) for d in (whole, parts))
+    assert ma["heldout_accuracy_before"] == mb["heldout_accuracy_before"]  # the fresh head, seeded
+    assert ma["heldout_margin"] == mb["heldout_margin"]
+
+
+def test_critic_head_is_seeded_and_a_family_without_a_critic_is_refused(tmp_path):
+    from align.exceptions import CheckpointError
+    from align.model.checkpoint import save_checkpoint
+    from align.model.olmoe import OlmoeForCausalLM
+    from align.train.rm_module import critic_from_policy
+    from moe_helpers import tiny_olmoe
+
+    ckpt = save_tiny_checkpoint(tmp_path / "sft", seed=0)
+    critic, again, other = (critic_from_policy(ckpt, seed=s) for s in (3, 3, 4))
+    assert torch.equal(critic.score.weight, again.score.weight) and not torch.equal(critic.score.weight,
+                                                                                    other.score.weight)
+    assert 0 < critic.score.weight.abs().max() <= 3 * critic.config.initializer_range
+    olmoe = save_checkpoint(OlmoeForCausalLM(tiny_olmoe()), tmp_path / "olmoe")
+    with pytest.raises(CheckpointError, match="no sequence-classification critic"):
+        critic_from_policy(olmoe)
+
+
+@pytest.mark.parametrize("profile", ["tiny", "smoke"])
+def test_profile_configs_load_and_split_like_dpo(profile):
+    from align.config import load_config
+    from align.stages.dpo import DpoStageConfig
+    from align.stages.rm import RmStageConfig
+
+    configs = SMOKE_RM.parents[1] / profile
+    rm = load_config(configs / "rm.toml", RmStageConfig)
+    dpo = load_config(configs / "dpo.toml", DpoStageConfig)
+    assert rm.data.pairs == dpo.data.pairs and rm.data.heldout_every == dpo.data.heldout_every
+    assert rm.data.init == dpo.data.reference

@@ -1,1 +1,2 @@
-"""PPO pieces (issue 21): LoRA adapters (usable by every stage), GAE and the PPO losses as pure functions."""
+"""PPO (issue 21): GAE and the PPO losses as pure functions, per-token rewards, the critic, `PpoBatchSource` and
+`PpoTrainModule` (align.ppo.module), and LoRA adapters (usable by every stage)."""

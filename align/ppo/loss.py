@@ -5,12 +5,15 @@ and the clip ranges eps (policy) and c (value):
     policy:   L_pi = mean_t max(-A_t rho_t, -A_t clip(rho_t, 1 - eps, 1 + eps))        (clipped surrogate)
     value:    L_V  = 1/2 mean_t max((V_t - R_t)^2, (V_old_t + clip(V_t - V_old_t, -c, c) - R_t)^2)
     entropy:  L_H  = -coef * mean_t H_t                                                 (a bonus: lowers the loss)
-Each returns the loss and the fraction of masked tokens where the clipped arm was the one taken.
+Each returns the loss and the fraction of masked tokens where the clipped arm was the one taken. The `*_per_token`
+forms are the unreduced terms (the PPO TrainModule sums them over a micro-batch; the Trainer divides by the step's
+global token count).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
@@ -25,7 +28,9 @@ class PpoLossConfig:
     clip: float = 0.2  # eps of the policy ratio
     value_clip: float = 0.2  # c: how far V may move from the rollout's values before its loss stops moving it
     value_coef: float = 0.1
-    entropy_coef: float = 0.0
+    entropy_coef: float = 0.0  # > 0: the entropy's gradient is formed by align.ppo.entropy (one more head pass)
+    chunk_size: int = 1024  # completion tokens per logits chunk in the head
+    head_dtype: Literal["float32", "bfloat16"] = "float32"  # the LM head's GEMM operands (logits stay fp32)
 
     def __post_init__(self):
         for name in ("clip", "value_clip"):
@@ -34,24 +39,39 @@ class PpoLossConfig:
         for name in ("value_coef", "entropy_coef"):
             if getattr(self, name) < 0:
                 raise ValueError(f"PpoLossConfig.{name} must be >= 0, got {getattr(self, name)!r}")
+        if self.chunk_size < 1:
+            raise ValueError(f"PpoLossConfig.chunk_size must be >= 1, got {self.chunk_size!r}")
+
+
+def policy_per_token(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
+                     clip: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(B, T) each -> (per-token surrogate, 1 where the clipped arm was taken, the detached ratio)."""
+    ratio = policy_ratio(logp, old_logp, None)
+    per_token = clipped_surrogate(ratio, advantages, clip, clip)
+    clipped = (per_token > -advantages * ratio).to(logp.dtype)  # the clipped arm is strictly larger there
+    return per_token, clipped.detach(), ratio.detach()
 
 
 def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
                 clip: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(B, T) each -> (L_pi, clip fraction)."""
-    ratio = policy_ratio(logp, old_logp, mask)
-    per_token = clipped_surrogate(ratio, advantages, clip, clip)
-    clipped = (per_token > -advantages * ratio).to(logp.dtype)  # the clipped arm is strictly larger there
-    return masked_mean(per_token, mask), masked_mean(clipped.detach(), mask)
+    per_token, clipped, _ = policy_per_token(logp, old_logp, advantages, clip)
+    return masked_mean(per_token, mask), masked_mean(clipped, mask)
+
+
+def value_per_token(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,
+                    value_clip: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, T) each -> (1/2 max(plain, clipped) per token, 1 where the clipped arm was taken)."""
+    clipped_values = old_values + torch.clamp(values - old_values, -value_clip, value_clip)
+    plain, clipped = (values - returns).square(), (clipped_values - returns).square()
+    return 0.5 * torch.max(plain, clipped), (clipped > plain).to(values.dtype).detach()
 
 
 def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
                value_clip: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(B, T) each -> (L_V, clip fraction)."""
-    clipped_values = old_values + torch.clamp(values - old_values, -value_clip, value_clip)
-    plain, clipped = (values - returns).square(), (clipped_values - returns).square()
-    per_token = torch.max(plain, clipped)
-    return 0.5 * masked_mean(per_token, mask), masked_mean((clipped > plain).to(values.dtype).detach(), mask)
+    per_token, clipped = value_per_token(values, old_values, returns, value_clip)
+    return masked_mean(per_token, mask), masked_mean(clipped, mask)
 
 
 def entropy_bonus(entropy: torch.Tensor, mask: torch.Tensor, coef: float) -> torch.Tensor:

@@ -66,6 +66,14 @@ class PromptSet:
                    gold=lambda r: metas[int(r)]["gold"], groups=[str(m["group"]) for m in metas])
 
 
+def attach_stats(windows: list[list[dict]], stats: dict[str, float]) -> None:
+    """The rollout's own numbers ride on its first step's first micro-batch; the later steps carry zeros for the
+    same columns (and `rollout/ranks` 1, the per-rank divisor of the timings)."""
+    zeros = {**{k: 0.0 for k in STAT_KEYS}, **{k: 0.0 for k in stats}, "rollout/ranks": 1.0}
+    for j, window in enumerate(windows):
+        window[0]["stats"] = stats if j == 0 else dict(zeros)
+
+
 class GrpoBatchSource:
     def __init__(self, prompts: PromptSet, client: RolloutClient, decode: Callable[[list[int]], str],
                  reward: CompositeReward, curriculum: PromptCurriculum, shape: RolloutShape,
@@ -131,8 +139,7 @@ class GrpoBatchSource:
                  float(self.refused), "rollout/ranks": 1.0}
         self.rollouts += 1
         self.refused = 0
-        for j, window in enumerate(windows):  # rollout numbers on its first step; zeros keep the columns
-            window[0]["stats"] = stats if j == 0 else {**{k: 0.0 for k in STAT_KEYS}, "rollout/ranks": 1.0}
+        attach_stats(windows, stats)
         return windows
 
     # ------------------------------------------------------------------------------------------------ sampling

@@ -50,6 +50,18 @@ def _full(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
+def rollout_metrics(sums: dict[str, float]) -> dict[str, float]:
+    """The batch source's `rollout/*` columns: `rollout/reward_mean`, the sampled policy's reward over every valid
+    generated group (NaN on a step that sampled nothing); timings (`*_s`) per rank; counts as summed."""
+    samples = sums.get("rollout/samples")
+    out = {"rollout/reward_mean": sums.get("rollout/reward_sum", 0.0) / samples if samples else float("nan")}
+    ranks = sums.get("rollout/ranks") or 1.0
+    for key, value in sums.items():
+        if key.startswith("rollout/") and key != "rollout/ranks":
+            out[key] = value / ranks if key.endswith("_s") else value
+    return out
+
+
 class GrpoTrainModule(TrainModule):
     def __init__(self, model: nn.Module, cfg: TrainModuleConfig, loss_cfg: GrpoLossConfig, temperature: float,
                  constant_length: int, total_steps: int, seed: int = 0, client=None,
@@ -173,12 +185,7 @@ class GrpoTrainModule(TrainModule):
             out[f"empty/{reason}"] = float(self.empty_reason == reason)
         if self.empty_reason is not None:
             out["loss"] = 0.0  # the objective of an empty set (units may be 0: the division would give NaN)
-        # the sampled policy's reward over every valid generated group (NaN on a step that sampled nothing)
-        out["rollout/reward_mean"] = div("rollout/reward_sum", "rollout/samples")
-        ranks = sums.get("rollout/ranks") or 1.0
-        for key, value in sums.items():
-            if key.startswith("rollout/") and key != "rollout/ranks":
-                out[key] = value / ranks if key.endswith("_s") else value
+        out.update(rollout_metrics(sums))
         return out
 
     # ------------------------------------------------------------------------------------------------ scoring

@@ -24,7 +24,9 @@ from dataclasses import dataclass
 
 from align.rl.rewards import SampleReward
 
-TOKEN_KEYS = ("completion_ids", "completion_mask", "loss_mask", "rollout_logprobs", "old_logprobs", "ref_logprobs")
+TOKEN_KEYS = ("completion_ids", "completion_mask", "loss_mask", "rollout_logprobs", "old_logprobs", "ref_logprobs",
+              "old_values", "returns", "token_advantages")  # the last three: PPO's per-token critic terms
+# (align.ppo.batch_source: the critic's values at the rollout, GAE's returns and advantages, (N, C) float32)
 ROW_KEYS = ("completion_start", "advantages", "rewards", "correct", "truncated", "weight_version", "prompt_row")
 
 

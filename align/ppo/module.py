@@ -1,0 +1,229 @@
+"""`PpoTrainModule`: PPO with a separate critic on the TrainModule seam. The formulas are align.ppo.loss (clipped
+surrogate, clipped value loss, entropy bonus) and align.ppo.gae (in the batch source); this file wires them to the
+policy, the critic, the sampler's weights and the run's health state.
+
+Three distributions (seed 000): the reference is frozen (scored by the batch source, never trained); the training
+policy is `self.model`; the rollout policy is the sampler's copy, which gets the training weights after every
+applied policy step with the version `self.step` (GRPO's push: GrpoTrainModule.push_weights). The batch source
+checks every sample's version against it, so a rollout from stale weights is never trained on.
+
+Per micro-batch (one sum over its loss tokens; the Trainer divides by the step's global token count):
+    l_t = max(-A_t r_t, -A_t clip(r_t, 1 - eps, 1 + eps))        policy (r_t = exp(logp_t - old_t))
+        + value_coef * 1/2 max((V_t - R_t)^2, (V_old_t + clip(V_t - V_old_t, -c, c) - R_t)^2)     critic
+        - entropy_coef * H_t                                      (differentiable only when entropy_coef > 0)
+        + kl_beta * k3(logp_t, ref_t)                             (only when [ppo] kl_in = "loss")
+The critic's parameters are disjoint from the policy's, so one backward fills both; each has its own optimizer
+and gradient clip. The critic has a constant learning rate (its own [critic_optimizer] table).
+
+Critic-only warmup: a micro-batch flagged `critic_only` (the first `critic_warmup_rollouts` rollouts) trains the
+critic alone: no policy forward, no policy step, no schedule tick, no weight push (the policy version stays). The
+step is APPLIED (the critic moved), so the Trainer never counts it as a skip; its history row says `critic_only` 1.
+
+Health: `ratio_skip_abs_log` (the ratio tripwire with skip tracking): a step whose mean |log r| over its loss
+tokens exceeds it changes nothing (SKIPPED: counted by the Trainer's skip caps, HALT 81 when they are exceeded;
+`ratio_skipped` 1 in its row). GRPO's GrpoHealth (entropy, ratio mean, reward collapse) watches every step as in
+GRPO. `explained_variance` = 1 - Var(R - V_old) / Var(R) over the step's loss tokens: how much of the return the
+critic predicted before it was fitted to this rollout.
+
+State: the critic's weights and its optimizer's state are this module's extra state (resume.pt), beside GRPO's
+health state; the policy's weights and optimizer are the Trainer's as for every module. One process only: the
+critic is not wrapped for DDP / FSDP2 (refused at construction)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from align.ppo.critic import completion_values
+from align.ppo.entropy import token_entropy
+from align.ppo.loss import PpoLossConfig, policy_per_token, value_per_token
+from align.ppo.stage_config import PpoConfig
+from align.rl.assembly import check_layout
+from align.rl.grpo_loss import GrpoLossConfig, k3_kl
+from align.rl.grpo_module import GrpoTrainModule, rollout_metrics
+from align.rl.token_logprobs import completion_rows, head_inputs, tempered_token_logprobs, unflatten
+from align.rl.tripwires import GrpoHealth
+from align.train.grad_norm import clip_grads_, global_grad_norm
+from align.train.optim import OptimizerConfig, make_optimizer
+from align.train.schedulers import lr_multiplier
+from align.train.train_module import AccumInfo, LossOutput, StepMetrics, StepOutcome, TrainModule, \
+    TrainModuleConfig
+from align.utils.dist import world_size
+
+POLICY_SUMS = ("policy_tokens", "policy_loss_sum", "clip_sum", "ratio_sum", "ratio_abs_log_sum", "entropy_sum",
+               "entropy_tokens", "adv_abs_sum", "kl_sum", "rho_abs_log_sum")
+
+
+class PpoTrainModule(GrpoTrainModule):
+    def __init__(self, model: nn.Module, critic: nn.Module, cfg: TrainModuleConfig,
+                 critic_optimizer: OptimizerConfig, loss_cfg: PpoLossConfig, ppo: PpoConfig, temperature: float,
+                 total_steps: int, seed: int = 0, client=None, health: GrpoHealth | None = None):
+        if world_size() > 1:
+            raise ValueError(f"PpoTrainModule: world size {world_size()}: PPO runs on one process (the critic is "
+                             f"not wrapped for DDP / FSDP2 yet)")
+        # GRPO's view of the loss config: only its scoring path is used (pi_old through the same head kernel)
+        scoring = GrpoLossConfig(clip_low=loss_cfg.clip, clip_high=loss_cfg.clip, rho_cap=None, fused=False,
+                                 chunk_size=loss_cfg.chunk_size, head_dtype=loss_cfg.head_dtype)
+        super().__init__(model, cfg, scoring, temperature, constant_length=1, total_steps=total_steps, seed=seed,
+                         client=client, health=health)
+        self.ppo_loss, self.ppo, self.critic = loss_cfg, ppo, critic
+        self.critic_cfg = critic_optimizer
+        self.critic_optimizer, self.critic_banner = make_optimizer(critic, critic_optimizer, seed=seed)
+        self._critic_only = False  # the latest window trained the critic alone (warmup)
+        self.ratio_skipped = False  # the latest boundary was skipped by the ratio tripwire
+        self._ratio_abs_log, self._ratio_tokens = 0.0, 0.0
+
+    # ------------------------------------------------------------------------------------------------ the seam
+    def loss(self, model: nn.Module, batch: dict) -> LossOutput:
+        if batch.get("score_only"):
+            return super().loss(model, batch)
+        check_layout(batch)
+        cfg, mask = self.ppo_loss, batch["loss_mask"]
+        values = completion_values(self.critic, batch)
+        v_tok, v_clipped = value_per_token(values, batch["old_values"], batch["returns"], cfg.value_clip)
+        per_token = cfg.value_coef * v_tok
+        sums = self._critic_sums(batch, values, v_tok, v_clipped)
+        if not batch.get("critic_only"):
+            policy_tok, policy = self._policy_terms(model, batch)
+            per_token = per_token + policy_tok
+            sums.update(policy)
+        else:
+            sums.update(dict.fromkeys(POLICY_SUMS, torch.zeros(())))
+        total = (per_token * mask).sum()
+        sums["loss_sum"] = total.detach().float()
+        return LossOutput(total, {k: torch.as_tensor(v).detach().float().cpu() for k, v in sums.items()})
+
+    def _policy_terms(self, model: nn.Module, batch: dict) -> tuple[torch.Tensor, dict]:
+        cfg, mask, comp = self.ppo_loss, batch["loss_mask"], batch["completion_mask"]
+        hidden, targets, real = completion_rows(model, batch)
+        hidden, weight = head_inputs(hidden, model.lm_head.weight, self.head_dtype)
+        logp_flat, ent_flat = tempered_token_logprobs(hidden, weight, targets, self.temperature, cfg.chunk_size)
+        logp, entropy = unflatten(logp_flat, real), unflatten(ent_flat, real)
+        adv = batch["token_advantages"]
+        per_token, clipped, ratio = policy_per_token(logp, batch["old_logprobs"], adv, cfg.clip)
+        if cfg.entropy_coef > 0:
+            per_token = per_token - cfg.entropy_coef * unflatten(
+                token_entropy(hidden, weight, self.temperature, cfg.chunk_size), real)
+        kl = torch.zeros_like(mask)
+        if self.ppo.kl_in == "loss" and self.ppo.kl_beta > 0:
+            kl_t = k3_kl(logp, batch["ref_logprobs"])
+            per_token = per_token + self.ppo.kl_beta * kl_t
+            kl = kl_t.detach()
+        with torch.no_grad():
+            log_r = (logp.detach() - batch["old_logprobs"]) * mask
+            sums = {"policy_tokens": mask.sum(), "policy_loss_sum": (per_token.detach() * mask).sum(),
+                    "clip_sum": (clipped * mask).sum(), "ratio_sum": (ratio * mask).sum(),
+                    "ratio_abs_log_sum": log_r.abs().sum(), "entropy_sum": (entropy * comp).sum(),
+                    "entropy_tokens": comp.sum(), "adv_abs_sum": (adv.abs() * mask).sum(), "kl_sum": (kl * mask).sum(),
+                    "rho_abs_log_sum": ((batch["old_logprobs"] - batch["rollout_logprobs"]).abs() * comp).sum()}
+        return per_token, sums
+
+    @torch.no_grad()
+    def _critic_sums(self, batch: dict, values, v_tok, v_clipped) -> dict:
+        mask, comp = batch["loss_mask"], batch["completion_mask"]
+        ret, resid = batch["returns"], batch["returns"] - batch["old_values"]
+        sums = {"seqs": mask.shape[0], "units": self.loss_units(batch), "loss_tokens": mask.sum(),
+                "completion_tokens": comp.sum(), "input_tokens": (batch["completion_start"].float() + comp.sum(1)).sum(),
+                "reward_sum": batch["rewards"].sum(), "correct": batch["correct"].sum(),
+                "truncated": batch["truncated"].sum(), "value_loss_sum": (v_tok.detach() * mask).sum(),
+                "value_clip_sum": (v_clipped * mask).sum(), "value_sum": (values.detach() * mask).sum(),
+                "return_sum": (ret * mask).sum(), "return_sq": (ret.square() * mask).sum(),
+                "resid_sum": (resid * mask).sum(), "resid_sq": (resid.square() * mask).sum()}
+        for key, value in batch.get("stats", {}).items():
+            sums[key] = value
+        return sums
+
+    def loss_units(self, batch: dict) -> float:
+        return float(batch["loss_mask"].sum())
+
+    def log_metrics(self, sums: dict[str, float]) -> dict[str, float]:
+        """The step's global sums -> logged means (every column on every step: NaN when undefined)."""
+        def div(a: str, b: str) -> float:
+            return sums.get(a, 0.0) / sums[b] if sums.get(b) else float("nan")
+
+        n = sums.get("loss_tokens") or 0.0
+        var_ret = div("return_sq", "loss_tokens") - div("return_sum", "loss_tokens") ** 2
+        var_res = div("resid_sq", "loss_tokens") - div("resid_sum", "loss_tokens") ** 2
+        out = {"loss": div("loss_sum", "units"), "policy_loss": div("policy_loss_sum", "policy_tokens"),
+               "value_loss": div("value_loss_sum", "loss_tokens"),
+               "value_clip_frac": div("value_clip_sum", "loss_tokens"), "clip_frac": div("clip_sum", "policy_tokens"),
+               "ratio_mean": div("ratio_sum", "policy_tokens"),
+               "ratio_abs_log_mean": div("ratio_abs_log_sum", "policy_tokens"),
+               "entropy": div("entropy_sum", "entropy_tokens"), "kl": div("kl_sum", "policy_tokens"),
+               "rho_abs_log_mean": div("rho_abs_log_sum", "entropy_tokens"),
+               "adv_abs_mean": div("adv_abs_sum", "policy_tokens"), "value_mean": div("value_sum", "loss_tokens"),
+               "return_mean": div("return_sum", "loss_tokens"),
+               "explained_variance": 1.0 - var_res / var_ret if n > 1 and var_ret > 0 else float("nan"),
+               "reward_mean": div("reward_sum", "seqs"), "accuracy": div("correct", "seqs"),
+               "truncated_frac": div("truncated", "seqs"), "completion_len": div("completion_tokens", "seqs"),
+               "input_tokens": sums.get("input_tokens", 0.0), "sequences": sums.get("seqs", 0.0),
+               "critic_only": float(self._critic_only), "ratio_skipped": float(self.ratio_skipped),
+               "empty_step": float(self.empty_reason is not None),
+               "rollout/kl": div("rollout/kl_sum", "rollout/kl_tokens")}
+        if self.empty_reason is not None:
+            out["loss"] = 0.0  # the objective of an empty set
+        out.update(rollout_metrics(sums))
+        return out
+
+    # ------------------------------------------------------------------------------------------------ scoring
+    @torch.no_grad()
+    def values(self, batch: dict) -> torch.Tensor:
+        """(N, C) critic values of the batch's completions under the current critic weights."""
+        dev = self.critic.score.weight.device
+        return completion_values(self.critic, {k: v.to(dev) if torch.is_tensor(v) else v for k, v in batch.items()})
+
+    # ------------------------------------------------------------------------------------------------ the step
+    def train_batch(self, batch: dict, accum: AccumInfo) -> StepMetrics:
+        self._critic_only = bool(batch.get("critic_only"))
+        self.critic.train()
+        out = TrainModule.train_batch(self, batch, accum)
+        self._window_units = accum.global_units
+        self._ratio_abs_log += float(out.sums["ratio_abs_log_sum"])
+        self._ratio_tokens += float(out.sums["policy_tokens"])
+        return out
+
+    def optim_step(self) -> StepOutcome:
+        self.empty_reason = "no_loss_tokens" if self._window_units == 0 else None
+        critic_params = [p for p in self.critic.parameters() if p.requires_grad]
+        critic_norm = global_grad_norm(critic_params, local_nonfinite=bool(self._window_bad))
+        mult = lr_multiplier(self.cfg.scheduler, self.step, self.total_steps)
+        self.last = {"grad_norm": math.nan, "lr": self.cfg.optimizer.lr * mult, "clip_coef": 1.0,
+                     "critic_grad_norm": critic_norm, "critic_clip_coef": 1.0}
+        limit = self.ppo.ratio_skip_abs_log
+        mean_abs_log = self._ratio_abs_log / self._ratio_tokens if self._ratio_tokens else 0.0
+        self.ratio_skipped = limit is not None and mean_abs_log > limit
+        if self.empty_reason is not None:
+            return StepOutcome.EMPTY
+        if self.ratio_skipped or not math.isfinite(critic_norm):
+            return StepOutcome.SKIPPED
+        if not self._critic_only:
+            outcome = TrainModule.optim_step(self)  # the policy: clip, schedule, step (or SKIPPED on non-finite)
+            self.last.update(critic_grad_norm=critic_norm, critic_clip_coef=1.0)
+            if outcome is not StepOutcome.APPLIED:
+                return outcome
+            self.push_weights()  # the rollout policy = the training policy after every applied update
+        if self.critic_cfg.max_grad_norm is not None:
+            self.last["critic_clip_coef"] = clip_grads_(critic_params, critic_norm, self.critic_cfg.max_grad_norm)
+        self.critic_optimizer.step()
+        return StepOutcome.APPLIED
+
+    def zero_grads(self) -> None:
+        super().zero_grads()
+        self.critic_optimizer.zero_grad(set_to_none=True)
+        self._ratio_abs_log, self._ratio_tokens = 0.0, 0.0
+
+    # ------------------------------------------------------------------------------------------------ state
+    def extra_state(self) -> dict:
+        return {**super().extra_state(),
+                "critic": {k: v.detach().cpu().clone() for k, v in self.critic.state_dict().items()},
+                "critic_optimizer": self.critic_optimizer.state_dict()}
+
+    def load_extra_state(self, state: dict) -> None:
+        missing = sorted({"critic", "critic_optimizer"} - set(state))
+        if missing:
+            raise ValueError(f"PpoTrainModule: the checkpoint's extra state lacks {missing} (not a PPO checkpoint)")
+        super().load_extra_state(state)
+        self.critic.load_state_dict(state["critic"])
+        self.critic_optimizer.load_state_dict(state["critic_optimizer"])

@@ -1,0 +1,75 @@
+"""Typed tables of the PPO stage: `[ppo]` (the KL to the reference, the critic warmup, the ratio tripwire) and the
+stage config that composes every component's own table (the rollout's tables are GRPO's: align.rl.stage_config)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from align.eval.inloop_config import InLoopEvalConfig
+from align.ppo.gae import GaeConfig
+from align.ppo.loss import PpoLossConfig
+from align.profile import CommonConfig
+from align.rl.canary import CanaryConfig
+from align.rl.curriculum import CurriculumConfig
+from align.rl.rewards import RewardConfig
+from align.rl.stage_config import DynamicSamplingConfig, GrpoDataConfig, RolloutShape
+from align.rl.tripwires import HealthConfig
+from align.rollout.protocol import RolloutConfig
+from align.tokenizer import TokenizerConfig
+from align.train.optim import OptimizerConfig
+from align.train.parallel import ParallelConfig
+from align.train.schedulers import SchedulerConfig
+from align.train.trainer import TrainerConfig
+
+
+@dataclass(frozen=True)
+class PpoConfig:
+    """[ppo] table."""
+
+    kl_beta: float = 0.05  # weight of the KL to the frozen reference (0: no reference model is loaded)
+    kl_in: Literal["reward", "loss"] = "reward"  # reward: -beta * (logp - ref) on every token's reward (TRL PPO);
+    # loss: + beta * k3(logp, ref) per token in the loss (as GRPO's kl_beta)
+    critic_warmup_rollouts: int = 0  # the first N rollouts train the critic only (the policy does not move)
+    ratio_skip_abs_log: float | None = 1.0  # a step whose mean |log r| over its loss tokens exceeds this is not
+    # applied (policy nor critic) and counts as a skipped step (the Trainer's skip caps: HALT 81); None: off
+
+    def __post_init__(self):
+        if self.kl_beta < 0:
+            raise ValueError(f"PpoConfig.kl_beta must be >= 0, got {self.kl_beta}")
+        if self.kl_in not in ("reward", "loss"):
+            raise ValueError(f"PpoConfig.kl_in must be 'reward' or 'loss', got {self.kl_in!r}")
+        if self.critic_warmup_rollouts < 0:
+            raise ValueError(f"PpoConfig.critic_warmup_rollouts must be >= 0, got {self.critic_warmup_rollouts}")
+        if self.ratio_skip_abs_log is not None and not self.ratio_skip_abs_log > 0:
+            raise ValueError(f"PpoConfig.ratio_skip_abs_log must be > 0 or absent, got {self.ratio_skip_abs_log}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PpoStageConfig(CommonConfig):
+    train: TrainerConfig
+    data: GrpoDataConfig = field(default_factory=GrpoDataConfig)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    shape: RolloutShape = field(default_factory=RolloutShape)
+    dynamic_sampling: DynamicSamplingConfig = field(default_factory=lambda: DynamicSamplingConfig(enabled=False))
+    curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    ppo: PpoConfig = field(default_factory=PpoConfig)
+    gae: GaeConfig = field(default_factory=GaeConfig)
+    loss: PpoLossConfig = field(default_factory=PpoLossConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    health: HealthConfig = field(default_factory=HealthConfig)
+    canary: CanaryConfig = field(default_factory=CanaryConfig)
+    inloop_eval: InLoopEvalConfig = field(default_factory=InLoopEvalConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)  # the policy's
+    critic_optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)  # the critic's (constant lr)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)  # the policy's schedule
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+
+    def __post_init__(self):
+        if self.reward.kl_coef > 0:
+            raise ValueError("PpoStageConfig: [reward] kl_coef must be 0 in PPO: the KL to the reference is "
+                             "[ppo] kl_beta (per token, in the reward or in the loss)")
+        if self.run.world_size > 1:
+            raise ValueError(f"PpoStageConfig: [run] world_size = {self.run.world_size}: PPO runs on one process "
+                             f"(the critic is not wrapped for DDP / FSDP2 yet)")

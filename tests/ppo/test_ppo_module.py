@@ -1,0 +1,179 @@
+"""align.ppo on a real tiny model (GRPO's parity task): the policy learns, the critic-only warmup moves nothing but
+the critic and is not a skip, stale rollouts are refused, the ratio tripwire skips (and the Trainer counts it), the
+KL goes to the reward or to the loss, and an interrupted run resumes bit-exactly, critic and its optimizer included."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from align.ppo.critic import critic_from_policy
+from align.ppo.entropy import token_entropy
+from align.ppo.rewards import token_rewards
+from align.ppo.stage_config import PpoConfig
+from align.rl.grpo_loss import k3_kl
+from align.rl.stage_config import RolloutShape
+from align.train.train_module import AccumInfo, StepOutcome
+from align.train.trainer import Trainer, TrainerConfig
+from align.utils.tracking import read_history
+from ppo_fixtures import SHAPE, make_ppo, tiny_model
+
+
+def train_window(module, window):
+    units = sum(module.loss_units(mb) for mb in window)
+    for i, mb in enumerate(window):
+        module.train_batch(mb, AccumInfo(i, len(window), units, 1))
+    outcome = module.optim_step()
+    module.zero_grads()
+    return outcome
+
+
+def fit(tmp_path, name, steps, stop_at=None, **kw):
+    module, client, source = make_ppo(tmp_path, steps=steps, **kw)
+    trainer = Trainer(TrainerConfig(max_steps=stop_at or steps, checkpoint_every=1), module, source, tmp_path / name)
+    assert trainer.fit() == 0
+    return module, client, trainer, read_history(tmp_path / name / "history.jsonl")
+
+
+def params(model):
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def test_token_rewards_put_the_score_on_the_last_token():
+    mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0]], dtype=torch.float32)
+    logp, ref = -torch.rand(3, 4), -torch.rand(3, 4)
+    rewards, kl = token_rewards(torch.tensor([1.0, 0.5, 7.0]), mask, logp, ref, beta=0.1)
+    expected = -0.1 * (logp - ref) * mask
+    expected[0, 2] += 1.0
+    expected[1, 0] += 0.5  # row 2 has no token: its score has nowhere to go (and no loss token)
+    assert torch.allclose(rewards, expected) and torch.allclose(kl, (logp - ref) * mask)
+    with pytest.raises(ValueError, match="reference"):
+        token_rewards(torch.ones(3), mask, logp, None, beta=0.1)
+
+
+def test_entropy_gradient_equals_the_full_softmax():
+    gen = torch.Generator().manual_seed(0)
+    h = torch.randn(7, 5, generator=gen, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(11, 5, generator=gen, dtype=torch.float64, requires_grad=True)
+    mine = token_entropy(h, w, temperature=0.7, chunk_size=3)
+    (mine * torch.arange(7.0)).sum().backward()
+    got = h.grad.clone(), w.grad.clone()
+    h.grad, w.grad = None, None
+    p = torch.softmax(h @ w.t() / 0.7, -1)
+    ref = -(p * p.log()).sum(-1)
+    (ref * torch.arange(7.0)).sum().backward()
+    assert torch.allclose(mine.double(), ref, atol=1e-6)
+    assert torch.allclose(got[0], h.grad, atol=1e-5) and torch.allclose(got[1], w.grad, atol=1e-5)
+
+
+def test_critic_takes_the_policy_trunk_and_a_seeded_fresh_head(tmp_path):
+    make_ppo(tmp_path)  # writes the start checkpoint
+    policy = tiny_model(0)
+    state = torch.random.get_rng_state()
+    a, b = critic_from_policy(tmp_path / "start", seed=5), critic_from_policy(tmp_path / "start", seed=5)
+    assert torch.equal(torch.random.get_rng_state(), state)  # the run's RNG stream is untouched
+    for name, p in policy.model.named_parameters():
+        assert torch.equal(a.model.get_parameter(name), p), name
+    assert torch.equal(a.score.weight, b.score.weight) and a.score.weight.abs().sum() > 0
+    assert not torch.equal(critic_from_policy(tmp_path / "start", seed=6).score.weight, a.score.weight)
+
+
+def test_the_policy_learns_the_parity_reward(tmp_path):
+    shape = RolloutShape(prompts=4, samples=8, max_new_tokens=4, num_minibatches=2, micro_batch_size=16,
+                         truncated="keep")
+    _, _, _, rows = fit(tmp_path, "run", 20, ppo=PpoConfig(kl_beta=0.05), shape=shape)
+    rewards = [r["reward_mean"] for r in rows]
+    assert sum(rewards[-4:]) / 4 > sum(rewards[:4]) / 4 + 0.2, rewards  # from ~0.5 (chance) towards 1
+    for key in ("loss", "policy_loss", "value_loss", "explained_variance", "ratio_mean", "rollout/kl"):
+        assert all(math.isfinite(r[key]) for r in rows if r[key] is not None), key
+    assert sum(r["explained_variance"] is not None for r in rows) == 20
+    assert rows[-1]["rollout/kl"] is None and rows[-2]["rollout/kl"] > 0  # logged on a rollout's first step
+
+
+def test_critic_warmup_moves_only_the_critic_and_is_not_a_skip(tmp_path):
+    module, client, source = make_ppo(tmp_path, ppo=PpoConfig(critic_warmup_rollouts=1))
+    policy0, critic0 = params(module.model), params(module.critic)
+    it = iter(source)
+    for _ in range(SHAPE.steps_per_rollout):  # rollout 0: critic only
+        window = next(it)
+        assert all(mb["critic_only"] for mb in window)
+        assert train_window(module, window) is StepOutcome.APPLIED
+    assert module.version == 0 == client.weight_version  # no policy step, nothing pushed
+    assert all(torch.equal(p, policy0[n]) for n, p in module.model.named_parameters())
+    assert any(not torch.equal(p, critic0[n]) for n, p in module.critic.named_parameters())
+    window = next(it)  # rollout 1 trains both
+    assert not window[0]["critic_only"] and train_window(module, window) is StepOutcome.APPLIED
+    assert module.version == 1 == client.weight_version
+    engine = client.engine.model
+    for (name, p), (_, q) in zip(module.model.named_parameters(), engine.named_parameters()):
+        assert torch.equal(p, q), name
+
+    _, _, trainer, rows = fit(tmp_path, "run", 4, ppo=PpoConfig(critic_warmup_rollouts=1))
+    assert [r["critic_only"] for r in rows] == [1, 1, 0, 0] and [r["applied"] for r in rows] == [1] * 4
+    assert trainer.skips.bad == 0 and rows[-1]["skipped_total"] == 0
+    assert rows[0]["grad_norm"] is None and rows[2]["grad_norm"] > 0  # the policy had no gradient in warmup
+
+
+def test_a_rollout_from_stale_weights_is_never_trained_on(tmp_path):
+    module, client, source = make_ppo(tmp_path)
+    module.client = None  # the weight push is lost: the engine keeps version 0
+    it = iter(source)
+    for _ in range(SHAPE.steps_per_rollout):  # the current rollout's windows (within the staleness bound)
+        assert train_window(module, next(it)) is StepOutcome.APPLIED
+    assert module.version == 2 and client.weight_version == 0
+    with pytest.raises(RuntimeError, match="engine was not updated"):
+        next(it)
+
+
+def test_a_window_staler_than_the_bound_is_refused(tmp_path):
+    shape = RolloutShape(prompts=4, samples=4, max_new_tokens=4, num_minibatches=2, micro_batch_size=8,
+                         truncated="keep", max_staleness=0, on_stale="refuse")
+    module, client, source = make_ppo(tmp_path, shape=shape)
+    it = iter(source)
+    assert train_window(module, next(it)) is StepOutcome.APPLIED
+    window = next(it)  # the rollout's second window lags by 1 > 0: refused; this one comes from a fresh rollout
+    assert int(window[0]["weight_version"][0]) == 1 == module.version
+    assert window[0]["stats"]["rollout/refused_windows"] == 1
+
+
+def test_ratio_tripwire_skips_the_step_and_the_trainer_counts_it(tmp_path):
+    _, _, trainer, rows = fit(tmp_path, "run", 4, ppo=PpoConfig(ratio_skip_abs_log=1e-3))
+    # a rollout's first step trains on the weights that sampled it (|log r| = 0); the second has moved past 1e-3
+    assert [r["ratio_skipped"] for r in rows] == [0, 1, 0, 1], [r["ratio_abs_log_mean"] for r in rows]
+    assert [r["applied"] for r in rows] == [1, 0, 1, 0] and [r["skipped_total"] for r in rows] == [0, 1, 1, 2]
+    assert rows[1]["ratio_abs_log_mean"] > 1e-3 and rows[0]["ratio_abs_log_mean"] < 1e-3
+    assert trainer.module.version == 2
+
+
+def test_kl_in_the_loss_adds_beta_k3(tmp_path):
+    module, _, source = make_ppo(tmp_path, ppo=PpoConfig(kl_beta=0.1, kl_in="loss"))
+    batch = dict(next(iter(source))[0])
+    batch["ref_logprobs"] = batch["ref_logprobs"] - 0.3 * batch["completion_mask"]  # a reference away from pi
+    with_kl = module.loss(module.model, batch)
+    module.ppo = PpoConfig(kl_beta=0.1, kl_in="reward")
+    without = module.loss(module.model, batch)
+    logp = batch["old_logprobs"]  # the first window trains on the sampling weights: logp == old up to rounding
+    expected = 0.1 * (k3_kl(logp, batch["ref_logprobs"]) * batch["loss_mask"]).sum()
+    assert (with_kl.loss - without.loss).item() == pytest.approx(expected.item(), rel=1e-4)
+    assert with_kl.sums["kl_sum"] > 0 and without.sums["kl_sum"] == 0
+
+
+def test_interrupted_run_resumes_bit_exactly_critic_included(tmp_path):
+    kw = dict(ppo=PpoConfig(critic_warmup_rollouts=1, kl_beta=0.05))
+    whole, _, _, _ = fit(tmp_path, "whole", 5, **kw)
+    fit(tmp_path, "split", 5, stop_at=3, **kw)  # stops mid-rollout (2 windows per rollout): pending windows saved
+    resumed, _, trainer, _ = fit(tmp_path, "split", 5, **kw)
+    assert trainer.resumed_from is not None
+    for a, b in ((whole.model, resumed.model), (whole.critic, resumed.critic)):
+        for (name, p), (_, q) in zip(a.named_parameters(), b.named_parameters()):
+            assert torch.equal(p, q), name
+    sa, sb = whole.critic_optimizer.state_dict()["state"], resumed.critic_optimizer.state_dict()["state"]
+    assert sa.keys() == sb.keys() and all(torch.equal(sa[k]["exp_avg"], sb[k]["exp_avg"]) for k in sa)
+
+
+def test_a_checkpoint_without_critic_state_is_refused(tmp_path):
+    module, _, _ = make_ppo(tmp_path)
+    with pytest.raises(ValueError, match="not a PPO checkpoint"):
+        module.load_extra_state({"health": {}})

@@ -360,8 +360,10 @@ def router_z_loss(stats: RouterStats) -> torch.Tensor:
 def expert_load_metrics(stats: RouterStats) -> dict[str, float]:
     """Telemetry of the expert load (no gradient), from the assignment counts:
 
-    max_vio: max over layers of (max_e load - mean load) / mean load (0 = perfect balance);
-    utilization: share of (layer, expert) pairs that received at least one token; dead_experts: how many did not;
+    max_vio: max over layers of (max_e load - mean load) / mean load (0 = perfect balance); max_vio_layer: the
+    layer it is reached in (the first, on a tie); utilization: share of (layer, expert) pairs that received at
+    least one token; dead_experts: how many did not; dead_experts_max: the most dead experts of any one layer,
+    dead_experts_max_layer: that layer (the first, on a tie; -1 when no expert of any layer is dead);
     load_entropy: mean over layers of the load distribution's entropy / log E (1 = uniform)."""
     counts = stats.counts.detach().double()
     mean = counts.mean(-1)
@@ -369,5 +371,14 @@ def expert_load_metrics(stats: RouterStats) -> dict[str, float]:
     share = counts / counts.sum(-1, keepdim=True).clamp_min(1e-12)
     entropy = -(share * share.clamp_min(1e-300).log()).sum(-1)
     norm = torch.log(torch.tensor(float(stats.num_experts), dtype=torch.float64)).clamp_min(1e-12)
-    return {"max_vio": float(vio.max()), "utilization": float((counts > 0).double().mean()),
-            "dead_experts": int((counts == 0).sum()), "load_entropy": float((entropy / norm).mean())}
+    dead = (counts == 0).sum(-1)  # (L,)
+    worst_dead = int(dead.max())
+    return {"max_vio": float(vio.max()), "max_vio_layer": _first_argmax(vio),
+            "utilization": float((counts > 0).double().mean()), "dead_experts": int(dead.sum()),
+            "dead_experts_max": worst_dead, "dead_experts_max_layer": _first_argmax(dead) if worst_dead else -1,
+            "load_entropy": float((entropy / norm).mean())}
+
+
+def _first_argmax(values: torch.Tensor) -> int:
+    """Index of the first maximum (torch.argmax does not promise which of tied maxima it returns)."""
+    return int((values == values.max()).nonzero()[0, 0])

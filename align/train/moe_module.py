@@ -41,8 +41,8 @@ from align.utils.dist import all_reduce_sum
 
 PRETRAIN_STAGES = ("pretrain", "proxy")
 PRETRAIN_DEFAULTS = (0.01, 0.001)  # (load balance, z-loss) for pretraining-type stages
-METRIC_KEYS = ("moe/lb_loss", "moe/z_loss", "moe/max_vio", "moe/utilization", "moe/frac_dead", "moe/load_entropy",
-               "moe/router_entropy")
+METRIC_KEYS = ("moe/lb_loss", "moe/z_loss", "moe/max_vio", "moe/max_vio_layer", "moe/utilization", "moe/frac_dead",
+               "moe/dead_experts_max", "moe/dead_experts_max_layer", "moe/load_entropy", "moe/router_entropy")
 
 
 @dataclass(frozen=True)
@@ -178,12 +178,16 @@ class MoETrainModule(TrainModule):
 
 def window_metrics(window: RouterStats, convention: LossConvention) -> dict[str, float]:
     """The `moe/*` history columns of one window's global stats (exact values, no gradient). router_entropy: the
-    mean entropy of the tokens' router distributions over log E (1: the router cannot tell experts apart)."""
+    mean entropy of the tokens' router distributions over log E (1: the router cannot tell experts apart).
+    Per layer (so a collapse in one layer is not averaged away): max_vio_layer, the layer of the worst MaxVio;
+    dead_experts_max, the most dead experts in one layer, and dead_experts_max_layer, that layer (-1: none dead)."""
     load = expert_load_metrics(window)
     return {"moe/lb_loss": float(load_balancing_loss(window.detach(), convention)),
             "moe/z_loss": float(router_z_loss(window.detach())), "moe/max_vio": load["max_vio"],
-            "moe/utilization": load["utilization"],
+            "moe/max_vio_layer": float(load["max_vio_layer"]), "moe/utilization": load["utilization"],
             "moe/frac_dead": load["dead_experts"] / (window.num_layers * window.num_experts),
+            "moe/dead_experts_max": float(load["dead_experts_max"]),
+            "moe/dead_experts_max_layer": float(load["dead_experts_max_layer"]),
             "moe/load_entropy": load["load_entropy"],
             "moe/router_entropy": float((window.entropy() / window.tokens).mean()) / math.log(max(window.num_experts, 2))}
 

@@ -203,6 +203,17 @@ def test_expert_load_metrics_on_known_counts():
     assert m["load_entropy"] == pytest.approx((h0 + 1.0) / 2)
 
 
+def test_expert_load_metrics_per_layer():
+    """The worst MaxVio's layer and the layer with the most dead experts (first on ties, -1 when none is dead)."""
+    counts = torch.tensor([[2.0, 2.0, 2.0, 2.0], [5.0, 1.0, 1.0, 1.0], [6.0, 2.0, 0.0, 0.0], [5.0, 3.0, 0.0, 0.0]])
+    m = expert_load_metrics(RouterStats(counts, torch.zeros(4, 4), torch.zeros(4), torch.tensor(4.0), 2))
+    assert m["max_vio"] == pytest.approx(2.0) and m["max_vio_layer"] == 2  # (6 - 2) / 2; layer 1: 1.5
+    assert m["dead_experts"] == 4 and m["dead_experts_max"] == 2 and m["dead_experts_max_layer"] == 2
+    balanced = RouterStats(torch.full((3, 4), 2.0), torch.zeros(3, 4), torch.zeros(3), torch.tensor(4.0), 2)
+    m = expert_load_metrics(balanced)
+    assert m["max_vio_layer"] == 0 and m["dead_experts_max"] == 0 and m["dead_experts_max_layer"] == -1
+
+
 def test_init_reaches_every_parameter():
     model = OlmoeForCausalLM(tiny_olmoe(num_experts=4), init=False)
     with torch.no_grad():

@@ -11,8 +11,9 @@ import torch
 import torch.nn.functional as F
 
 from align.exceptions import HaltError
-from align.model.moe import load_balancing_loss, router_z_loss
-from align.train.moe_module import METRIC_KEYS, MoeAuxConfig, RouterCollapseTripwire, _StatsProxy, moe_module
+from align.model.moe import RouterStats, load_balancing_loss, router_z_loss
+from align.train.moe_module import (METRIC_KEYS, MoeAuxConfig, RouterCollapseTripwire, _StatsProxy, moe_module,
+                                    window_metrics)
 from align.train.optim import OptimizerConfig
 from align.train.sft_loss import SftLossConfig
 from align.train.sft_module import SftTrainModule
@@ -106,6 +107,19 @@ def test_sft_history_columns_ce_loss_and_aux_effect(tmp_path):
     assert rows_a[0]["moe/lb_loss"] == rows_b[0]["moe/lb_loss"] >= 1.0 - 1e-6
     wa, wb = weights(plain.module), weights(aux.module)
     assert not torch.equal(wa["model.layers.0.mlp.gate.weight"], wb["model.layers.0.mlp.gate.weight"])
+
+
+def test_window_metrics_name_the_worst_layers():
+    """moe/max_vio_layer and moe/dead_experts_max(_layer) from the window's per-layer counts; NaN before a window."""
+    counts = torch.tensor([[4.0, 4.0, 0.0, 0.0], [3.0, 3.0, 1.0, 1.0], [8.0, 0.0, 0.0, 0.0]])
+    stats = RouterStats(counts, torch.full((3, 4), 1.0), torch.zeros(3), torch.tensor(4.0), 2, torch.zeros(3))
+    m = window_metrics(stats, "switch")
+    assert set(m) == set(METRIC_KEYS)
+    assert (m["moe/max_vio"], m["moe/max_vio_layer"]) == (3.0, 2.0)  # layer 2: (8 - 2) / 2
+    assert (m["moe/dead_experts_max"], m["moe/dead_experts_max_layer"]) == (3.0, 2.0)
+    assert m["moe/frac_dead"] == 5 / 12
+    module = MoESft(tiny_moe(), TrainModuleConfig(), SftLossConfig(fused=False), total_steps=1)
+    assert all(math.isnan(v) for v in module._moe_last.values()) and set(module._moe_last) == set(METRIC_KEYS)
 
 
 def test_nonfinite_aux_makes_the_loss_nonfinite():

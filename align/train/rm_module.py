@@ -61,17 +61,19 @@ def pair_rewards(model: nn.Module, batch: dict) -> PairRewards:
     return PairRewards(chosen, rejected)
 
 
-def critic_from_policy(policy_dir, *, dtype: torch.dtype = torch.float32, device="cpu", seed: int = 0) -> nn.Module:
-    """The family's sequence-classification critic (Mistral: `MistralForValueHead`) with the trunk of the causal-LM
-    checkpoint `policy_dir` (its lm_head is dropped) and a fresh score head: truncated normal (std =
-    initializer_range, cut at 3 std, init_weights' rule) from a generator seeded by `seed`, so the start is
-    reproducible and does not consume the global RNG."""
+def critic_from_policy(policy_dir, *, dtype: torch.dtype = torch.float32, device="cpu", seed: int = 0,
+                       head: str = "ForSequenceClassification") -> nn.Module:
+    """The family's critic whose HF architecture ends with `head` (Mistral: "ForSequenceClassification" ->
+    `MistralForValueHead`, "ForTokenClassification" -> `MistralForProcessReward` with one label) with the trunk of
+    the causal-LM checkpoint `policy_dir` (its lm_head is dropped) and a fresh score head: weight truncated normal
+    (std = initializer_range, cut at 3 std, init_weights' rule) from a generator seeded by `seed`, so the start is
+    reproducible and does not consume the global RNG; bias (if any) zero."""
     ckpt = resolve_checkpoint_dir(policy_dir)
     cfg = load_hf_config(ckpt)
     family = family_of_config(cfg)
-    heads = [c for c in family.models if c.hf_architecture.endswith("ForSequenceClassification")]
+    heads = [c for c in family.models if c.hf_architecture.endswith(head)]
     if not heads:
-        raise CheckpointError(f"{ckpt}: the {family.name} family has no sequence-classification critic (models: "
+        raise CheckpointError(f"{ckpt}: the {family.name} family has no *{head} critic (models: "
                               f"{[m.__name__ for m in family.models]}); a reward model cannot start from it")
     with torch.device("meta"):
         model = heads[0](cfg, init=False).to(dtype)
@@ -82,6 +84,8 @@ def critic_from_policy(policy_dir, *, dtype: torch.dtype = torch.float32, device
         w = torch.empty(model.score.weight.shape, dtype=torch.float32)
         nn.init.trunc_normal_(w, std=std, a=-3 * std, b=3 * std, generator=torch.Generator().manual_seed(seed))
         model.score.weight.copy_(w)
+        if model.score.bias is not None:
+            model.score.bias.zero_()
     return model
 
 

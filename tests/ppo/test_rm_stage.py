@@ -114,8 +114,11 @@ def test_critic_head_is_seeded_and_a_family_without_a_critic_is_refused(tmp_path
     assert torch.equal(critic.score.weight, again.score.weight) and not torch.equal(critic.score.weight,
                                                                                     other.score.weight)
     assert 0 < critic.score.weight.abs().max() <= 3 * critic.config.initializer_range
+    prm = critic_from_policy(ckpt, seed=3, head="ForTokenClassification")
+    assert type(prm).__name__ == "MistralForProcessReward" and prm.num_labels == 1
+    assert torch.equal(prm.score.weight, critic.score.weight) and not prm.score.bias.any()
     olmoe = save_checkpoint(OlmoeForCausalLM(tiny_olmoe()), tmp_path / "olmoe")
-    with pytest.raises(CheckpointError, match="no sequence-classification critic"):
+    with pytest.raises(CheckpointError, match="no \\*ForSequenceClassification critic"):
         critic_from_policy(olmoe)
 
 

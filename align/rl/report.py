@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import os
 
+from align.rl.canary import paired_gain
 from align.utils.tracking import read_history
 
 
@@ -32,3 +33,15 @@ def reward_curve(history: str | os.PathLike, fraction: float = 0.25, key: str = 
     slope = sum((s - mx) * (v - my) for s, v in rows) / var if var else 0.0
     return {"reward_first": first, "reward_last": last, "reward_slope": slope, "reward_rising": last > first,
             "steps": len(history), "reward_points": len(rows), "reward_key": key}
+
+
+def heldout_receipt(rows: int, before: dict, after: dict, start_checkpoint: str,
+                    history: str | os.PathLike) -> dict:
+    """An RL stage's metrics.json (the receipt's metrics): held-out greedy accuracy of the start and of the result
+    (align.rl.canary.evaluate's dicts), per level, the paired gain with its interval, stop rates, the start
+    checkpoint's hash and the reward curve above. The PPO stage's; GRPO's worker builds the same keys inline."""
+    return {"heldout_rows": rows, "start_accuracy": before["pass@1"], "accuracy": after["pass@1"],
+            "accuracy_gain": after["pass@1"] - before["pass@1"],
+            "start_accuracy_by_level": before["pass@1_by_group"], "accuracy_by_level": after["pass@1_by_group"],
+            **paired_gain(before, after), "start_stop_rate": before["stop_rate"], "stop_rate": after["stop_rate"],
+            "start_checkpoint": start_checkpoint, **reward_curve(history)}

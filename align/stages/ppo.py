@@ -1,0 +1,101 @@
+"""align.stages.ppo: PPO with a critic on verifier rewards (`ppo_checkpoint`, an extra rung beside GRPO).
+
+    python -m align.stages.ppo --config configs/tiny/ppo.toml [table.key=value ...]
+
+Reads what GRPO reads (align.stages.grpo): `<runs>/<data.start>` (the policy's and the reference's initial weights,
+and the critic's trunk), `<runs>/<data.prompts>` and `<runs>/<data.eval>`. The sampler is the align Engine on its
+own copy of the weights, updated in memory after every applied policy step (align.ppo.module). The receipt's
+metrics are GRPO's (align.rl.report.heldout_receipt: held-out greedy accuracy before and after, per level, the
+paired interval, the reward curve). Publishes `<run_dir>/final/` (the policy, HF format) and `<run_dir>/critic/`
+(the value model, HF MistralForSequenceClassification layout). Resumes from `<run_dir>/checkpoints/` like every
+Trainer stage (the critic and its optimizer ride in the module's extra state). One process."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from align.config import load_cli_config, run_dir_from_env, write_resolved_config
+from align.data.store import ShardSet
+from align.eval.inloop import build_inloop_eval, verifier_task
+from align.exit_codes import exit_stage
+from align.model.checkpoint import DTYPES, checkpoint_content_hash, load_checkpoint, save_checkpoint, \
+    tokenizer_dir_for
+from align.ppo.batch_source import PpoBatchSource
+from align.ppo.critic import critic_from_policy
+from align.ppo.module import PpoTrainModule
+from align.ppo.stage_config import PpoStageConfig
+from align.rl.batch_source import PromptSet
+from align.rl.canary import Canary, evaluate
+from align.rl.curriculum import PromptCurriculum
+from align.rl.report import heldout_receipt
+from align.rl.rewards import CompositeReward
+from align.rl.tripwires import GrpoHealth, HealthCallback
+from align.rollout import make_rollout_client
+from align.stages.grpo import reference_scorer
+from align.tokenizer import Tokenizer
+from align.train.callbacks import ProgressLine, SpeedMonitor
+from align.train.identity import run_identity
+from align.train.train_module import TrainModuleConfig
+from align.train.trainer import Trainer
+from align.utils.dist import device, init_distributed, is_rank0, rank, world_size
+from align.utils.fsio import atomic_write_json
+
+
+def main() -> int:
+    cfg = load_cli_config(PpoStageConfig, prog="align.stages.ppo")
+    runs = Path(os.environ.get("ALIGN_RUNS_DIR", "runs/tiny"))
+    run_dir = run_dir_from_env(runs / "ppo_checkpoint")
+    init_distributed(run_dir=run_dir)
+    torch.set_num_threads(cfg.data.threads or os.cpu_count() or 1)
+    if is_rank0():
+        write_resolved_config(cfg, run_dir)
+    start = runs / cfg.data.start
+    tok = Tokenizer.from_pretrained(tokenizer_dir_for(start) or cfg.tokenizer.path, cfg.tokenizer.cache)
+    prompts = ShardSet.open(runs / cfg.data.prompts, kind="prompts", tokenizer_hash=tok.content_hash)
+    heldout = ShardSet.open(runs / cfg.data.eval, kind="prompts", tokenizer_hash=tok.content_hash)
+    client = make_rollout_client(cfg.rollout, load_checkpoint(start, dtype=DTYPES[cfg.data.engine_dtype],
+                                                               device=device()))
+    dtype = DTYPES[cfg.data.model_dtype]
+    module = PpoTrainModule(load_checkpoint(start, dtype=dtype, device=device()),
+                            critic_from_policy(start, cfg.run.seed, dtype=dtype, device=device()),
+                            TrainModuleConfig(cfg.optimizer, cfg.scheduler, cfg.parallel), cfg.critic_optimizer,
+                            cfg.loss, cfg.ppo, cfg.shape.temperature, cfg.train.max_steps, seed=cfg.run.seed,
+                            client=client, health=GrpoHealth(cfg.health))
+    prompt_set, decode = PromptSet.from_shards(prompts), (lambda ids: tok.decode(ids, skip_special_tokens=True))
+    source = PpoBatchSource(
+        prompt_set, client, decode, CompositeReward(cfg.reward, cfg.shape.max_new_tokens),
+        PromptCurriculum(prompt_set.groups, cfg.curriculum, cfg.run.seed, rank(), world_size()), cfg.shape,
+        cfg.dynamic_sampling, cfg.ppo, cfg.gae, seed=cfg.run.seed, eos_id=tok.eos_id,
+        policy_version=lambda: module.version,
+        old_scorer=module.score if cfg.shape.old_logprobs == "recompute" else None, value_scorer=module.values,
+        ref_scorer=reference_scorer(start, cfg) if cfg.ppo.kl_beta > 0 else None, world_size=world_size())
+    task = verifier_task(heldout, decode, tok.eos_id)
+    rows = range(min(cfg.data.eval_rows or len(heldout), len(heldout)))
+    before = evaluate(client, task, rows, cfg.data.eval_max_new_tokens)
+    n_params = sum(p.numel() for p in module.model.parameters()) + sum(p.numel() for p in module.critic.parameters())
+    callbacks = [SpeedMonitor(n_params), HealthCallback(module.health),
+                 Canary(cfg.canary, client, task, cfg.shape.max_new_tokens, cfg.run.seed),
+                 ProgressLine(cfg.train.max_steps, label="ppo")]
+    inloop = build_inloop_eval(cfg.inloop_eval, runs, tok, module, cfg.train.max_steps, client=client)
+    callbacks += [inloop] if inloop is not None else []
+    inputs = {"start": checkpoint_content_hash(start), "prompts": prompts.digest}
+    trainer = Trainer(cfg.train, module, source, run_dir, callbacks, identity=run_identity(cfg, inputs))
+    code = trainer.fit()
+    if code != 0:
+        return code
+    after = evaluate(client, task, rows, cfg.data.eval_max_new_tokens)
+    if is_rank0():
+        metrics = heldout_receipt(len(rows), before, after, checkpoint_content_hash(start), run_dir / "history.jsonl")
+        atomic_write_json(run_dir / "metrics.json", metrics)
+        print(f"ppo: held-out greedy accuracy {before['pass@1']:.3f} -> {after['pass@1']:.3f}; reward "
+              f"{metrics['reward_first']:.3f} -> {metrics['reward_last']:.3f}")
+        save_checkpoint(module.critic, run_dir / "critic")
+    trainer.publish_final(run_dir / "final", tokenizer_dir=tokenizer_dir_for(start), inputs=inputs)
+    return 0
+
+
+if __name__ == "__main__":
+    exit_stage(main)

@@ -1,0 +1,30 @@
+"""ppo_checkpoint: PPO with a critic from the DPO checkpoint (or the profile's `[data].start`) on the RL prompt
+shards, the held-out prompts for the start/final accuracy (configs/<profile>/ppo.toml, `[data]` table). An extra
+rung: only profiles with ppo.toml have it, and only `doit ... ppo_checkpoint` builds it (plain doit / main.sh and
+the smoke ladder do not)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pipeline.layout import StageCtx
+from pipeline.stage import StageSpec
+from pipeline.stages.grpo import DEFAULTS  # the same inputs as GRPO's
+from pipeline.stages.ingest import inloop_manifests, table_manifests
+
+
+def _inputs(ctx: StageCtx) -> list[Path]:
+    return table_manifests(ctx.layout, "ppo.toml", "data", DEFAULTS) + inloop_manifests(ctx.layout, "ppo.toml")
+
+
+STAGE = StageSpec(
+    name="ppo_checkpoint",
+    doc="PPO (policy + critic) on verifier rewards from the DPO checkpoint -> runs/<profile>/ppo_checkpoint/final/",
+    worker="align.stages.ppo",
+    config="ppo.toml",
+    file_dep=_inputs,
+    targets=lambda ctx: [ctx.run_dir / "final" / "manifest.json"],
+    heavy=True,
+    optional=True,
+    extra=True,  # beside GRPO, not a dependency of anything: `bash scripts/main.sh ppo_checkpoint` builds it
+)

@@ -1,0 +1,97 @@
+"""The ppo_checkpoint worker on real artifacts (tokenizer, shards, a checkpoint with the real vocabulary: GRPO's
+stage inputs, tests/rl/stage_inputs.py): publishes final/ (the policy), critic/ (the value model) and metrics.json
+with GRPO's receipt keys, logs the PPO columns, and a run stopped by SIGTERM mid-rollout (a fault armed by
+ALIGN_FAULTS, in a real subprocess) then resumed ends bitwise equal to an uninterrupted one, critic included."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from align.exit_codes import run_with_exit_codes
+from align.model.checkpoint import checkpoint_content_hash
+from align.utils.tracking import read_history
+
+sys.path.insert(0, str(Path(__file__).parent.parent / "rl"))
+from stage_inputs import runs_tree  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+STEPS = 4  # 2 rollouts x 2 minibatches: rollout 0 trains the critic only, rollout 1 both
+CONFIG = f"""include = "common.toml"
+[train]
+max_steps = {STEPS}
+checkpoint_every = 1
+[data]
+start = "dpo_checkpoint/final"
+eval_rows = 4
+threads = 1
+[shape]
+prompts = 2
+samples = 4
+max_new_tokens = 6
+num_minibatches = 2
+micro_batch_size = 4
+truncated = "keep"
+[ppo]
+kl_beta = 0.05
+critic_warmup_rollouts = 1
+[canary]
+every = 2
+rows = 2
+[optimizer]
+lr = 1e-3
+[critic_optimizer]
+lr = 1e-3
+[scheduler]
+name = "constant"
+"""
+
+
+def setup(tmp_path):
+    runs, grpo_config = runs_tree(tmp_path, steps=STEPS)
+    config = grpo_config.parent / "ppo.toml"
+    config.write_text(CONFIG)
+    return runs, config
+
+
+def run_worker(monkeypatch, runs, config, run_dir, *overrides) -> int:
+    monkeypatch.setenv("ALIGN_RUNS_DIR", str(runs))
+    monkeypatch.setenv("ALIGN_RUN_DIR", str(run_dir))
+    monkeypatch.setattr(sys, "argv", ["align.stages.ppo", "--config", str(config), *overrides])
+    return run_with_exit_codes(importlib.import_module("align.stages.ppo").main)
+
+
+def test_stage_publishes_and_sigterm_resume_is_bitwise_equal(tmp_path, monkeypatch):
+    runs, config = setup(tmp_path)
+    whole = runs / "whole"
+    assert run_worker(monkeypatch, runs, config, whole) == 0
+    metrics = json.loads((whole / "metrics.json").read_text())
+    assert {"start_accuracy", "accuracy", "accuracy_gain", "accuracy_gain_ci95", "accuracy_by_level",
+            "reward_first", "reward_last", "reward_slope", "start_checkpoint"} <= set(metrics)
+    assert metrics["heldout_rows"] == 4 and metrics["steps"] == STEPS
+    rows = read_history(whole / "history.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3, 4] and [r["critic_only"] for r in rows] == [1, 1, 0, 0]
+    for key in ("loss", "policy_loss", "value_loss", "explained_variance", "ratio_mean", "rollout/kl",
+                "rollout/gen_s", "canary/pass@1", "health/reward_baseline", "tokens_per_s", "critic_grad_norm"):
+        assert key in rows[0], key
+    assert rows[3]["ratio_mean"] is not None and rows[0]["ratio_mean"] is None  # no policy forward in warmup
+    assert (whole / "final" / "manifest.json").is_file() and (whole / "critic" / "manifest.json").is_file()
+    assert checkpoint_content_hash(whole / "final") != metrics["start_checkpoint"]  # the policy moved
+
+    cut = runs / "cut"  # SIGTERM inside step 3 (rollout 1's first window): checkpoint at 3, exit 128 + 15
+    env = {**os.environ, "ALIGN_RUNS_DIR": str(runs), "ALIGN_RUN_DIR": str(cut), "PYTHONPATH": str(ROOT),
+           "ALIGN_FAULTS": "signal:TERM@micro,step=3", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "align.stages.ppo", "--config", str(config)], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 128 + signal.SIGTERM, proc.stderr[-3000:]
+    assert not (cut / "final").exists() and (cut / "checkpoints" / "step_3").is_dir()
+    assert run_worker(monkeypatch, runs, config, cut) == 0
+    for name in ("final", "critic"):
+        assert checkpoint_content_hash(cut / name) == checkpoint_content_hash(whole / name), name
+    a, b = read_history(whole / "history.jsonl"), read_history(cut / "history.jsonl")
+    assert [r["loss"] for r in a] == [r["loss"] for r in b]

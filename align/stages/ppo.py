@@ -24,7 +24,6 @@ from align.exit_codes import exit_stage
 from align.model.checkpoint import DTYPES, checkpoint_content_hash, load_checkpoint, save_checkpoint, \
     tokenizer_dir_for
 from align.ppo.batch_source import PpoBatchSource
-from align.ppo.critic import critic_from_policy
 from align.ppo.module import PpoTrainModule
 from align.ppo.stage_config import PpoStageConfig
 from align.rl.batch_source import PromptSet
@@ -38,6 +37,7 @@ from align.stages.grpo import reference_scorer
 from align.tokenizer import Tokenizer
 from align.train.callbacks import ProgressLine, SpeedMonitor
 from align.train.identity import run_identity
+from align.train.rm_module import critic_from_policy
 from align.train.train_module import TrainModuleConfig
 from align.train.trainer import Trainer
 from align.utils.dist import device, init_distributed, is_rank0, rank, world_size
@@ -60,7 +60,7 @@ def main() -> int:
                                                                device=device()))
     dtype = DTYPES[cfg.data.model_dtype]
     module = PpoTrainModule(load_checkpoint(start, dtype=dtype, device=device()),
-                            critic_from_policy(start, cfg.run.seed, dtype=dtype, device=device()),
+                            critic_from_policy(start, seed=cfg.run.seed, dtype=dtype, device=device()),
                             TrainModuleConfig(cfg.optimizer, cfg.scheduler, cfg.parallel), cfg.critic_optimizer,
                             cfg.loss, cfg.ppo, cfg.shape.temperature, cfg.train.max_steps, seed=cfg.run.seed,
                             client=client, health=GrpoHealth(cfg.health))

@@ -15,7 +15,6 @@ from rl_fixtures import EOS, decode, make_client, parity_prompts, parity_verifie
 
 from align.model.checkpoint import save_checkpoint  # noqa: E402
 from align.ppo.batch_source import PpoBatchSource  # noqa: E402
-from align.ppo.critic import critic_from_policy  # noqa: E402
 from align.ppo.gae import GaeConfig  # noqa: E402
 from align.ppo.loss import PpoLossConfig  # noqa: E402
 from align.ppo.module import PpoTrainModule  # noqa: E402
@@ -25,6 +24,7 @@ from align.rl.rewards import CompositeReward, RewardConfig  # noqa: E402
 from align.rl.stage_config import DynamicSamplingConfig, RolloutShape  # noqa: E402
 from align.rl.token_logprobs import completion_logprobs  # noqa: E402
 from align.train.optim import OptimizerConfig  # noqa: E402
+from align.train.rm_module import critic_from_policy  # noqa: E402
 from align.train.schedulers import SchedulerConfig  # noqa: E402
 from align.train.train_module import TrainModuleConfig  # noqa: E402
 

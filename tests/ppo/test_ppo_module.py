@@ -9,7 +9,6 @@ import math
 import pytest
 import torch
 
-from align.ppo.critic import critic_from_policy
 from align.ppo.entropy import token_entropy
 from align.ppo.rewards import token_rewards
 from align.ppo.stage_config import PpoConfig
@@ -18,7 +17,7 @@ from align.rl.stage_config import RolloutShape
 from align.train.train_module import AccumInfo, StepOutcome
 from align.train.trainer import Trainer, TrainerConfig
 from align.utils.tracking import read_history
-from ppo_fixtures import SHAPE, make_ppo, tiny_model
+from ppo_fixtures import SHAPE, make_ppo
 
 
 def train_window(module, window):
@@ -66,18 +65,6 @@ def test_entropy_gradient_equals_the_full_softmax():
     (ref * torch.arange(7.0)).sum().backward()
     assert torch.allclose(mine.double(), ref, atol=1e-6)
     assert torch.allclose(got[0], h.grad, atol=1e-5) and torch.allclose(got[1], w.grad, atol=1e-5)
-
-
-def test_critic_takes_the_policy_trunk_and_a_seeded_fresh_head(tmp_path):
-    make_ppo(tmp_path)  # writes the start checkpoint
-    policy = tiny_model(0)
-    state = torch.random.get_rng_state()
-    a, b = critic_from_policy(tmp_path / "start", seed=5), critic_from_policy(tmp_path / "start", seed=5)
-    assert torch.equal(torch.random.get_rng_state(), state)  # the run's RNG stream is untouched
-    for name, p in policy.model.named_parameters():
-        assert torch.equal(a.model.get_parameter(name), p), name
-    assert torch.equal(a.score.weight, b.score.weight) and a.score.weight.abs().sum() > 0
-    assert not torch.equal(critic_from_policy(tmp_path / "start", seed=6).score.weight, a.score.weight)
 
 
 def test_the_policy_learns_the_parity_reward(tmp_path):

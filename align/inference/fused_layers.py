@@ -42,11 +42,12 @@ import torch
 import torch.nn.functional as F
 
 from align.inference.config import LINEAR_KERNELS
-from align.inference.row_invariance import REFERENCE_ROWS, agreeing_counts, chunked
+from align.inference.row_invariance import REFERENCE_ROWS, agreeing_counts, chunked, padder
 from align.kernels import linear as native_linear
 from align.kernels import native
 from align.model.family import family_of_model
 from align.model.layers import apply_rope
+from align.model.moe import combine, gather_rows, route, router_compute_dtype, sort_by_expert, unsort_rows
 
 PACK_ROWS_HINT = 16  # oneDNN's batch-size hint when packing (AMD EPYC: invariant rows for m >= 2 with it; 1 is worse)
 
@@ -55,9 +56,10 @@ PACK_ROWS_HINT = 16  # oneDNN's batch-size hint when packing (AMD EPYC: invarian
 class _Fused:
     wqkv: torch.Tensor  # (H*Dh + 2*KVH*Dh, D), packed for "onednn"
     wo: torch.Tensor  # (D, H*Dh): the module's own weight for "torch"
-    wgu: torch.Tensor | None  # (2*F, D); None for a sparse block
-    wdown: torch.Tensor | None  # (D, F)
+    wgu: object  # dense: (2*F, D); sparse: a tuple of E prepared (2*I, D) expert weights
+    wdown: object  # dense: (D, F); sparse: E prepared (D, I)
     stamp: tuple  # (version, data_ptr) of every source weight when built
+    wrouter: object = None  # sparse: the router (E, D), prepared for the product it runs on (`SparseMlp.router`)
 
 
 def _sources(layer) -> tuple[torch.Tensor, ...]:
@@ -69,7 +71,11 @@ class DenseMlp:
     """Mistral's SwiGLU MLP: gate/up fused into one product, silu(gate) * up the down product's prologue."""
 
     qk_norm = False
-    products = True  # its gate_up/down products go through the decoder's kernels (and row-count probe)
+
+    @staticmethod
+    def product_shapes(dec: "FusedDecoder") -> list[tuple[str, int, int]]:
+        """(name, out, in) of the products it runs through the decoder's kernels (the row-count probe's)."""
+        return [("gate_up", 2 * dec.ffn, dec.hidden), ("down", dec.hidden, dec.ffn)]
 
     @staticmethod
     def sources(layer) -> tuple[torch.Tensor, ...]:
@@ -77,8 +83,8 @@ class DenseMlp:
         return m.gate_proj.weight, m.up_proj.weight, m.down_proj.weight
 
     @staticmethod
-    def build(dec: "FusedDecoder", src) -> tuple[torch.Tensor, torch.Tensor]:
-        return dec._prepare(torch.cat(src[:2])), dec._prepare(src[2])
+    def build(dec: "FusedDecoder", src) -> dict:
+        return {"wgu": dec._prepare(torch.cat(src[:2])), "wdown": dec._prepare(src[2])}
 
     @staticmethod
     def run(dec: "FusedDecoder", i: int, hidden: torch.Tensor) -> torch.Tensor:
@@ -90,27 +96,92 @@ class DenseMlp:
 
 
 class SparseMlp:
-    """OLMoE: QK-norm on the fused q/k projection; the MoE block (router + experts, align.model.moe) runs as the
-    model's own module on the step's flat rows, so decode routes exactly as the training forward does.
-    NOTE: its expert products run on torch's kernels with a per-expert row count that depends on the batch, so
-    the batch-invariance guarantee of the dense path (row_invariance.py) does not extend to it."""
+    """OLMoE: QK-norm on the fused q/k projection; the MoE block as align.model.moe computes it (route, stable sort
+    by expert, per-expert SwiGLU, the fixed-order combine), with every product on the decoder's kernel so that a
+    row's output never depends on the rows beside it. The model's own block would not do: its expert matmuls run
+    on however many rows each expert got this step, and BLAS rounds a row by the shape it sits in.
+
+    - The router and each expert's gate_up / down are products of their own on prepared (packed) weights. On the
+      native kernel (row-invariant by construction) that is all; on "torch" / "onednn" each expert's rows are
+      padded with zero rows to a row count measured to round as a 128-row batch (row_invariance.py), as the
+      runner pads a step's rows for the dense products (it pads the router's, which sees the step's rows).
+    - router_dtype "fp32" on a model that is not fp32: the router product runs on an fp32 copy, on the native
+      kernel where it builds (CPU), else by F.linear (CUDA: outside the guarantee, as any unprobed product is).
+    Values equal the model's forward up to the kernels' rounding, as for the dense path."""
 
     qk_norm = True
-    products = False
+
+    @staticmethod
+    def product_shapes(dec: "FusedDecoder") -> list[tuple[str, int, int]]:
+        mlp = dec.layers[0].mlp
+        inter = mlp.experts.down_proj.shape[2]
+        return [("router", mlp.num_experts, dec.hidden), ("expert_gate_up", 2 * inter, dec.hidden),
+                ("expert_down", dec.hidden, inter)]
 
     @staticmethod
     def sources(layer) -> tuple[torch.Tensor, ...]:
-        return ()
+        m = layer.mlp
+        if m.ep is not None:
+            raise ValueError("the engine decodes with every expert in one process; this model is expert-parallel "
+                             "(SparseMoeBlock.ep is set): gather its experts first")
+        return m.gate.weight, m.experts.gate_up_proj, m.experts.down_proj
 
     @staticmethod
-    def build(dec: "FusedDecoder", src) -> tuple[None, None]:
-        return None, None
+    def build(dec: "FusedDecoder", src) -> dict:
+        router, gate_up, down = src
+        return {"wgu": tuple(dec._prepare(w) for w in gate_up), "wdown": tuple(dec._prepare(w) for w in down),
+                "wrouter": {}}  # compute dtype -> (kind, prepared weight), filled by `router` on first use
+
+    @staticmethod
+    def router(dec: "FusedDecoder", i: int, normed: torch.Tensor) -> torch.Tensor:
+        """normed (N, D) -> router logits (N, E) in the router's compute dtype (Router.router_dtype, read per step:
+        a switch after the engine was built applies too)."""
+        gate = dec.layers[i].mlp.gate
+        want = router_compute_dtype(normed.dtype, gate.router_dtype)
+        cache = dec.fused[i].wrouter
+        if want not in cache:
+            cache[want] = _prepare_router(dec, gate.weight, want)
+        kind, w = cache[want]
+        if kind == "decoder":
+            return dec.linear(normed, w)
+        if kind == "native":
+            return chunked(lambda c: native_linear.linear(c, w), normed.to(want))
+        return F.linear(normed.to(want), w)
+
+    @staticmethod
+    def experts(dec: "FusedDecoder", i: int, rows: torch.Tensor, e: int) -> torch.Tensor:
+        """One expert's SwiGLU on its rows (m, D) -> (m, D), padded to an agreeing row count off the native kernel."""
+        f, m = dec.fused[i], rows.shape[0]
+        if dec._native_fp32(rows, None):
+            gu = chunked(lambda c: native_linear.linear(c, f.wgu[e]), rows)
+            return chunked(lambda c: native_linear.linear(c, f.wdown[e], swiglu=True), gu)
+        pad = dec.pad_expert_rows(m) - m
+        if pad:
+            rows = torch.cat([rows, rows.new_zeros(pad, rows.shape[1])])
+        gu = dec.linear(rows, f.wgu[e])
+        inter = gu.shape[1] // 2
+        return dec.linear(F.silu(gu[:, :inter]) * gu[:, inter:], f.wdown[e])[:m]
 
     @staticmethod
     def run(dec: "FusedDecoder", i: int, hidden: torch.Tensor) -> torch.Tensor:
-        layer = dec.layers[i]
-        out, _ = layer.mlp(dec.norm(layer.post_attention_layernorm, hidden))
-        return hidden + out
+        mlp = dec.layers[i].mlp
+        normed = dec.norm(dec.layers[i].post_attention_layernorm, hidden)
+        routing = route(SparseMlp.router(dec, i, normed), mlp.top_k, mlp.norm_topk_prob, weight_dtype=hidden.dtype)
+        dispatch = sort_by_expert(routing.topk_ids, mlp.num_experts)
+        outs = [SparseMlp.experts(dec, i, rows, e)
+                for e, rows in enumerate(gather_rows(normed, dispatch).split(dispatch.counts.tolist())) if len(rows)]
+        return hidden + combine(unsort_rows(torch.cat(outs), dispatch), routing.topk_weights)
+
+
+def _prepare_router(dec: "FusedDecoder", weight: torch.Tensor, want: torch.dtype) -> tuple[str, object]:
+    """The router weight for logits in `want`: the decoder's kernel in the model's dtype, else an fp32 copy on the
+    native kernel where it runs (row-invariant), else a plain copy for F.linear."""
+    if want == weight.dtype:
+        return "decoder", dec._prepare(weight)
+    w = weight.detach().to(want)
+    if native_unsupported(w) is None:
+        return "native", native_linear.pack(w)
+    return "torch", w
 
 
 # Per family (align.model.family): what the decode step runs after attention, and whether q/k are normed.
@@ -122,8 +193,13 @@ def _stamp(tensors) -> tuple:
 
 
 def onednn_can_run(weight: torch.Tensor) -> bool:
-    return (weight.device.type == "cpu" and torch.backends.mkldnn.is_available()
-            and weight.dtype in (torch.float32, torch.bfloat16))
+    """oneDNN on a CPU, fp32 anywhere it is built, bf16 only where its bf16 path runs (AVX-512 BW/VL/DQ or
+    AVX-NE-CONVERT: on an AVX2-only host the weight reorder raises)."""
+    if weight.device.type != "cpu" or not torch.backends.mkldnn.is_available():
+        return False
+    if weight.dtype == torch.bfloat16:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return weight.dtype == torch.float32
 
 
 def native_unsupported(weight: torch.Tensor) -> str | None:
@@ -152,8 +228,9 @@ def resolve_linear_kernel(kernel: str, weight: torch.Tensor) -> str:
             raise ValueError(f"linear_kernel 'native' cannot run here: {why}")
     if kernel == "onednn" and not onednn_can_run(weight):
         raise ValueError(f"linear_kernel 'onednn' needs float32 or bfloat16 weights on a CPU and a torch built with "
-                         f"oneDNN; the model is {weight.dtype} on {weight.device} (mkldnn available: "
-                         f"{torch.backends.mkldnn.is_available()})")
+                         f"oneDNN (bf16: a CPU with oneDNN's bf16 path); the model is {weight.dtype} on "
+                         f"{weight.device} (mkldnn available: {torch.backends.mkldnn.is_available()}, bf16 "
+                         f"supported: {bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())})")
     return kernel
 
 
@@ -177,6 +254,8 @@ class FusedDecoder:
         self.q_dim = cfg.num_attention_heads * cfg.head_dim
         self.kv_dim = cfg.num_key_value_heads * cfg.head_dim
         self.ffn = cfg.intermediate_size
+        self.hidden = cfg.hidden_size
+        self._expert_pads: dict[int, object] = {}  # torch thread count -> row padder of the expert products
         self.heads = cfg.num_attention_heads + cfg.num_key_value_heads  # rotated heads: q and k together
         self.head_dim = cfg.head_dim
         self.fused: list[_Fused | None] = [None] * len(self.layers)
@@ -223,7 +302,7 @@ class FusedDecoder:
             attn, mlp = _sources(layer), self.block.sources(layer)
             if self.fused[i] is None or self.fused[i].stamp != _stamp(attn + mlp):
                 self.fused[i] = _Fused(self._prepare(torch.cat(attn[:3])), self._prepare(attn[3]),
-                                       *self.block.build(self, mlp), _stamp(attn + mlp))
+                                       stamp=_stamp(attn + mlp), **self.block.build(self, mlp))
                 rebuilt += 1
         head = (self.lm_head.weight,)
         if self.head_stamp != _stamp(head):
@@ -274,6 +353,15 @@ class FusedDecoder:
         prologue and silu(gate) * up the down product's."""
         return self.block.run(self, i, hidden)
 
+    def pad_expert_rows(self, m: int) -> int:
+        """The rows an expert product of m rows runs on (off the native kernel): the next count measured to round
+        each row as a 128-row batch does. Padded whatever EngineConfig.batch_invariant says: an expert's row count
+        changes with the batch's routing even when the step's does not (the runner's padding cannot cover it)."""
+        threads = torch.get_num_threads()
+        if threads not in self._expert_pads:
+            self._expert_pads[threads] = padder(self.agreeing_row_counts())
+        return self._expert_pads[threads](m)
+
     def agreeing_row_counts(self) -> tuple[int, ...]:
         """Row counts at which every projection and the head round each row as a large batch does (measured on
         this host for these weight shapes, this kernel, dtype and thread count; see row_invariance.py)."""
@@ -282,9 +370,7 @@ class FusedDecoder:
         products = [("head", lambda x, wt: self._head_product(x, wt, torch.empty(x.shape[0], V, device=x.device)),
                      (V, D))]
         if len(self.layers):
-            shapes = [("qkv", self.q_dim + 2 * self.kv_dim, D), ("o", D, self.q_dim)]
-            if self.block.products:
-                shapes += [("gate_up", 2 * self.ffn, D), ("down", D, self.ffn)]
+            shapes = [("qkv", self.q_dim + 2 * self.kv_dim, D), ("o", D, self.q_dim)] + self.block.product_shapes(self)
             products += [(name, self.linear, (rows, cols)) for name, rows, cols in shapes]
         return agreeing_counts(products, self._prepare, w.dtype, w.device, self.kernel)
 

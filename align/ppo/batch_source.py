@@ -9,6 +9,7 @@ Per rollout, after the samples are drawn and scored by CompositeReward:
        token when kl_in = "reward"
     3. GAE over the completion tokens (align.ppo.gae): token_advantages, returns; advantages whitened over the
        rollout's loss tokens when [gae] whiten_advantages
+    (with a reward model, its score of every row, times [reward] model_weight, joins the score first)
     4. epochs x num_minibatches windows (align.rl.assembly.plan_windows); the first `critic_warmup_rollouts`
        rollouts' micro-batches carry `critic_only` (the module then trains the critic alone)
 Every training row is scored before the first step (no `old_from_forward`): the advantages need pi_old of every
@@ -35,7 +36,6 @@ from align.rl.rewards import CompositeReward
 from align.rl.stage_config import DynamicSamplingConfig, RolloutShape
 from align.rollout.protocol import RolloutClient
 
-PPO_STAT_KEYS = ("rollout/kl_sum", "rollout/kl_tokens", "rollout/critic_only")
 
 
 class PpoBatchSource(GrpoBatchSource):
@@ -43,7 +43,8 @@ class PpoBatchSource(GrpoBatchSource):
                  reward: CompositeReward, curriculum: PromptCurriculum, shape: RolloutShape,
                  dynamic: DynamicSamplingConfig, ppo: PpoConfig, gae_cfg: GaeConfig, *, seed: int, eos_id: int,
                  policy_version: Callable[[], int], old_scorer: Scorer | None, value_scorer: Scorer,
-                 ref_scorer: Scorer | None = None, world_size: int = 1):
+                 ref_scorer: Scorer | None = None, world_size: int = 1,
+                 reward_model: Callable[[dict], torch.Tensor] | None = None, reward_model_weight: float = 1.0):
         if reward.needs_reference:
             raise ValueError("PpoBatchSource: [reward] kl_coef must be 0; PPO's KL is [ppo] kl_beta")
         if ppo.kl_beta > 0 and ref_scorer is None:
@@ -52,6 +53,7 @@ class PpoBatchSource(GrpoBatchSource):
                          eos_id=eos_id, policy_version=policy_version, old_scorer=old_scorer, ref_scorer=ref_scorer,
                          world_size=world_size)
         self.ppo, self.gae_cfg, self.value_scorer = ppo, gae_cfg, value_scorer
+        self.reward_model, self.reward_model_weight = reward_model, reward_model_weight
 
     def _rollout(self) -> list[list[dict]]:
         t0 = time.perf_counter()
@@ -67,6 +69,11 @@ class PpoBatchSource(GrpoBatchSource):
         ref = None
         if self.ref_scorer is not None:
             ref = batch["ref_logprobs"] = self._score(batch, self.ref_scorer)
+        rm_sum = 0.0
+        if self.reward_model is not None:  # the verifier's terms + weight x the reward model's score
+            rm = self._score_rows(batch, self.reward_model)
+            batch["rewards"] = batch["rewards"] + self.reward_model_weight * rm
+            rm_sum = float(rm.sum())
         beta = self.ppo.kl_beta if self.ppo.kl_in == "reward" else 0.0
         rewards, kl = token_rewards(batch["rewards"], comp, batch["old_logprobs"], ref, beta)
         adv, returns = gae(rewards.double(), batch["old_values"].double(), comp, self.gae_cfg.gamma,
@@ -82,8 +89,16 @@ class PpoBatchSource(GrpoBatchSource):
         stats = {**counts, "rollout/gen_s": gen_s, "rollout/score_s": time.perf_counter() - t1,
                  "rollout/refused_windows": float(self.refused), "rollout/ranks": 1.0,
                  "rollout/kl_sum": float(kl.sum()), "rollout/kl_tokens": float(comp.sum()),
-                 "rollout/critic_only": float(critic_only)}
+                 "rollout/critic_only": float(critic_only), "rollout/rm_score_sum": rm_sum,
+                 "rollout/rm_rows": float(comp.shape[0]) if self.reward_model is not None else 0.0}
         self.rollouts += 1
         self.refused = 0
         attach_stats(windows, stats)
         return windows
+
+    def _score_rows(self, batch: dict, scorer: Callable[[dict], torch.Tensor]) -> torch.Tensor:
+        """(N,) per-row scores, in micro-batches of the rollout's size."""
+        out = torch.zeros(batch["completion_ids"].shape[0])
+        for rows in torch.arange(out.shape[0]).split(self.shape.micro_batch_size):
+            out[rows] = scorer(select_rows(batch, rows)).float().cpu()
+        return out

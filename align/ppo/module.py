@@ -161,7 +161,8 @@ class PpoTrainModule(GrpoTrainModule):
                "input_tokens": sums.get("input_tokens", 0.0), "sequences": sums.get("seqs", 0.0),
                "critic_only": float(self._critic_only), "ratio_skipped": float(self.ratio_skipped),
                "empty_step": float(self.empty_reason is not None),
-               "rollout/kl": div("rollout/kl_sum", "rollout/kl_tokens")}
+               "rollout/kl": div("rollout/kl_sum", "rollout/kl_tokens"),
+               "rollout/rm_score_mean": div("rollout/rm_score_sum", "rollout/rm_rows")}
         if self.empty_reason is not None:
             out["loss"] = 0.0  # the objective of an empty set
         out.update(rollout_metrics(sums))

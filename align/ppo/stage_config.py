@@ -45,6 +45,19 @@ class PpoConfig:
             raise ValueError(f"PpoConfig.ratio_skip_abs_log must be > 0 or absent, got {self.ratio_skip_abs_log}")
 
 
+@dataclass(frozen=True)
+class PpoRewardConfig(RewardConfig):
+    """[reward] table of PPO: GRPO's terms (align.rl.rewards), plus an optional reward model's score."""
+
+    model: str = ""  # a reward model under <runs> (the `rm_checkpoint` rung: "rm_checkpoint/final"); "": none
+    model_weight: float = 1.0  # total = CompositeReward's total + model_weight * the model's score
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.model and not self.model_weight > 0:
+            raise ValueError(f"PpoRewardConfig.model_weight must be > 0 with a reward model, got {self.model_weight}")
+
+
 @dataclass(frozen=True, kw_only=True)
 class PpoStageConfig(CommonConfig):
     train: TrainerConfig
@@ -53,7 +66,7 @@ class PpoStageConfig(CommonConfig):
     shape: RolloutShape = field(default_factory=RolloutShape)
     dynamic_sampling: DynamicSamplingConfig = field(default_factory=lambda: DynamicSamplingConfig(enabled=False))
     curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
-    reward: RewardConfig = field(default_factory=RewardConfig)
+    reward: PpoRewardConfig = field(default_factory=PpoRewardConfig)
     ppo: PpoConfig = field(default_factory=PpoConfig)
     gae: GaeConfig = field(default_factory=GaeConfig)
     loss: PpoLossConfig = field(default_factory=PpoLossConfig)

@@ -3,7 +3,8 @@
     python -m align.stages.ppo --config configs/tiny/ppo.toml [table.key=value ...]
 
 Reads what GRPO reads (align.stages.grpo): `<runs>/<data.start>` (the policy's and the reference's initial weights,
-and the critic's trunk), `<runs>/<data.prompts>` and `<runs>/<data.eval>`. The sampler is the align Engine on its
+and the critic's trunk), `<runs>/<data.prompts>` and `<runs>/<data.eval>`, and with `[reward] model` a reward model (the `rm_checkpoint` rung's
+final/) whose score joins the verifier's reward. The sampler is the align Engine on its
 own copy of the weights, updated in memory after every applied policy step (align.ppo.module). The receipt's
 metrics are GRPO's (align.rl.report.heldout_receipt: held-out greedy accuracy before and after, per level, the
 paired interval, the reward curve). Publishes `<run_dir>/final/` (the policy, HF format) and `<run_dir>/critic/`
@@ -23,8 +24,10 @@ from align.eval.inloop import build_inloop_eval, verifier_task
 from align.exit_codes import exit_stage
 from align.model.checkpoint import DTYPES, checkpoint_content_hash, load_checkpoint, save_checkpoint, \
     tokenizer_dir_for
+from align.model.mistral import MistralForValueHead
 from align.ppo.batch_source import PpoBatchSource
 from align.ppo.module import PpoTrainModule
+from align.ppo.rewards import reward_model_scorer
 from align.ppo.stage_config import PpoStageConfig
 from align.rl.batch_source import PromptSet
 from align.rl.canary import Canary, evaluate
@@ -65,13 +68,21 @@ def main() -> int:
                             cfg.loss, cfg.ppo, cfg.shape.temperature, cfg.train.max_steps, seed=cfg.run.seed,
                             client=client, health=GrpoHealth(cfg.health))
     prompt_set, decode = PromptSet.from_shards(prompts), (lambda ids: tok.decode(ids, skip_special_tokens=True))
+    inputs = {"start": checkpoint_content_hash(start), "prompts": prompts.digest}
+    reward_model = None
+    if cfg.reward.model:  # a Bradley-Terry critic (rm_checkpoint) scores every sample beside the verifier
+        rm_dir = runs / cfg.reward.model
+        reward_model = reward_model_scorer(load_checkpoint(rm_dir, dtype=dtype, device=device(),
+                                                           cls=MistralForValueHead))
+        inputs["reward_model"] = checkpoint_content_hash(rm_dir)
     source = PpoBatchSource(
         prompt_set, client, decode, CompositeReward(cfg.reward, cfg.shape.max_new_tokens),
         PromptCurriculum(prompt_set.groups, cfg.curriculum, cfg.run.seed, rank(), world_size()), cfg.shape,
         cfg.dynamic_sampling, cfg.ppo, cfg.gae, seed=cfg.run.seed, eos_id=tok.eos_id,
         policy_version=lambda: module.version,
         old_scorer=module.score if cfg.shape.old_logprobs == "recompute" else None, value_scorer=module.values,
-        ref_scorer=reference_scorer(start, cfg) if cfg.ppo.kl_beta > 0 else None, world_size=world_size())
+        ref_scorer=reference_scorer(start, cfg) if cfg.ppo.kl_beta > 0 else None, world_size=world_size(),
+        reward_model=reward_model, reward_model_weight=cfg.reward.model_weight)
     task = verifier_task(heldout, decode, tok.eos_id)
     rows = range(min(cfg.data.eval_rows or len(heldout), len(heldout)))
     before = evaluate(client, task, rows, cfg.data.eval_max_new_tokens)
@@ -81,7 +92,6 @@ def main() -> int:
                  ProgressLine(cfg.train.max_steps, label="ppo")]
     inloop = build_inloop_eval(cfg.inloop_eval, runs, tok, module, cfg.train.max_steps, client=client)
     callbacks += [inloop] if inloop is not None else []
-    inputs = {"start": checkpoint_content_hash(start), "prompts": prompts.digest}
     trainer = Trainer(cfg.train, module, source, run_dir, callbacks, identity=run_identity(cfg, inputs))
     code = trainer.fit()
     if code != 0:

@@ -10,11 +10,15 @@ from pathlib import Path
 from pipeline.layout import StageCtx
 from pipeline.stage import StageSpec
 from pipeline.stages.grpo import DEFAULTS  # the same inputs as GRPO's
-from pipeline.stages.ingest import inloop_manifests, table_manifests
+from pipeline.stages.ingest import inloop_manifests, stage_table, table_manifests
 
 
 def _inputs(ctx: StageCtx) -> list[Path]:
-    return table_manifests(ctx.layout, "ppo.toml", "data", DEFAULTS) + inloop_manifests(ctx.layout, "ppo.toml")
+    """GRPO's inputs, the in-loop sets, and the reward model's manifest when `[reward] model` names one (so doit
+    builds rm_checkpoint first)."""
+    model = stage_table(ctx.layout, "ppo.toml", "reward").get("model")
+    rm = [ctx.layout.runs / model / "manifest.json"] if isinstance(model, str) and model else []
+    return table_manifests(ctx.layout, "ppo.toml", "data", DEFAULTS) + inloop_manifests(ctx.layout, "ppo.toml") + rm
 
 
 STAGE = StageSpec(

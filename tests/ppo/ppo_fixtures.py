@@ -32,7 +32,7 @@ SHAPE = RolloutShape(prompts=4, samples=4, max_new_tokens=4, num_minibatches=2, 
 
 
 def make_ppo(tmp: Path, ppo=PpoConfig(), loss=PpoLossConfig(), shape=SHAPE, lr=2e-2, steps=10, seed=0,
-             gae_cfg=GaeConfig()):
+             gae_cfg=GaeConfig(), reward_model=None, reward_model_weight=1.0):
     """(module, client, source) over a fresh tiny policy; the start checkpoint is written under `tmp`."""
     model = tiny_model(seed)
     start = tmp / "start"
@@ -55,5 +55,6 @@ def make_ppo(tmp: Path, ppo=PpoConfig(), loss=PpoLossConfig(), shape=SHAPE, lr=2
                             PromptCurriculum(prompts.groups, CurriculumConfig(), seed, 0, 1), shape,
                             DynamicSamplingConfig(enabled=False), ppo, gae_cfg, seed=seed, eos_id=EOS,
                             policy_version=lambda: module.version, old_scorer=module.score,
-                            value_scorer=module.values, ref_scorer=ref_scorer if ppo.kl_beta > 0 else None)
+                            value_scorer=module.values, ref_scorer=ref_scorer if ppo.kl_beta > 0 else None,
+                            reward_model=reward_model, reward_model_weight=reward_model_weight)
     return module, client, source

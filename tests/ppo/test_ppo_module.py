@@ -10,10 +10,11 @@ import pytest
 import torch
 
 from align.ppo.entropy import token_entropy
-from align.ppo.rewards import token_rewards
+from align.ppo.rewards import reward_model_scorer, token_rewards
 from align.ppo.stage_config import PpoConfig
 from align.rl.grpo_loss import k3_kl
 from align.rl.stage_config import RolloutShape
+from align.train.rm_module import critic_from_policy
 from align.train.train_module import AccumInfo, StepOutcome
 from align.train.trainer import Trainer, TrainerConfig
 from align.utils.tracking import read_history
@@ -164,3 +165,18 @@ def test_a_checkpoint_without_critic_state_is_refused(tmp_path):
     module, _, _ = make_ppo(tmp_path)
     with pytest.raises(ValueError, match="not a PPO checkpoint"):
         module.load_extra_state({"health": {}})
+
+
+def test_a_reward_model_score_joins_the_verifier_reward(tmp_path):
+    _, _, plain = make_ppo(tmp_path)
+    rm = critic_from_policy(tmp_path / "start", seed=9)  # a real (untrained) Bradley-Terry critic
+    _, _, scored = make_ppo(tmp_path, reward_model=reward_model_scorer(rm), reward_model_weight=0.5)
+    a, b = next(iter(plain)), next(iter(scored))  # same seeds, same weights: the same samples
+    for x, y in zip(a, b):
+        assert torch.equal(x["completion_ids"], y["completion_ids"])
+        ends = x["completion_start"] + x["completion_mask"].sum(1).long()
+        with torch.no_grad():  # the score head on each row's last real token, read from the full forward
+            own = torch.stack([rm(x["input_ids"][i:i + 1, :int(e)])[0, int(e) - 1] for i, e in enumerate(ends)])
+        assert torch.allclose(y["rewards"] - x["rewards"], 0.5 * own, atol=1e-5)
+        assert not torch.equal(x["token_advantages"], y["token_advantages"])
+    assert b[0]["stats"]["rollout/rm_rows"] == 16 and a[0]["stats"]["rollout/rm_rows"] == 0

@@ -95,3 +95,36 @@ def test_stage_publishes_and_sigterm_resume_is_bitwise_equal(tmp_path, monkeypat
         assert checkpoint_content_hash(cut / name) == checkpoint_content_hash(whole / name), name
     a, b = read_history(whole / "history.jsonl"), read_history(cut / "history.jsonl")
     assert [r["loss"] for r in a] == [r["loss"] for r in b]
+
+
+def test_stage_rewards_with_a_reward_model(tmp_path, monkeypatch):
+    from align.model.checkpoint import save_checkpoint
+    from align.train.rm_module import critic_from_policy
+    from align.utils.manifest import read_manifest
+
+    runs, config = setup(tmp_path)
+    rm_dir = runs / "rm_checkpoint" / "final"  # what the rm_checkpoint rung publishes: a value model on the trunk
+    save_checkpoint(critic_from_policy(runs / "dpo_checkpoint" / "final", seed=7), rm_dir)
+    run_dir = runs / "with_rm"
+    assert run_worker(monkeypatch, runs, config, run_dir, "reward.model=rm_checkpoint/final",
+                      "reward.model_weight=0.5", "train.max_steps=2") == 0
+    rows = read_history(run_dir / "history.jsonl")
+    assert rows[0]["rollout/rm_score_mean"] is not None
+    final = read_manifest(run_dir / "final", kind="hf_checkpoint")
+    assert final["inputs"]["reward_model"] == checkpoint_content_hash(rm_dir)
+
+
+def test_task_depends_on_the_reward_model_only_when_named(tmp_path):
+    from pipeline.layout import Layout, Project, StageCtx
+    from pipeline.stages.ppo import STAGE
+
+    layout = Layout(Project(root=tmp_path), "p")
+    layout.configs.mkdir(parents=True)
+    (layout.configs / "ppo.toml").write_text('[data]\nstart = "sft_checkpoint/final"\n')
+    ctx = StageCtx(layout, STAGE.name)
+    deps = [p.relative_to(layout.runs).as_posix() for p in STAGE.file_dep(ctx)]
+    assert deps == ["sft_checkpoint/final/manifest.json", "shards/prompts/out/manifest.json",
+                    "shards/eval/out/manifest.json"]
+    (layout.configs / "ppo.toml").write_text('[reward]\nmodel = "rm_checkpoint/final"\n')
+    assert STAGE.file_dep(ctx)[-1] == layout.runs / "rm_checkpoint/final/manifest.json"
+    assert STAGE.extra and STAGE.optional

@@ -226,6 +226,57 @@ def expert_shard_params(model: nn.Module) -> list[nn.Parameter]:
     return [p for _, block in moe_blocks(model) if block.ep is not None for p in block.experts.parameters()]
 
 
+def finalize_expert_grads(model: nn.Module, groups: ExpertParallel) -> None:
+    """Put every expert shard's gradient on the scale of the replicated parameters' data-parallel mean.
+
+    A shard's gradient arrives summed over its EP group (the dispatch backward delivers every source rank's
+    contribution); the replicated parameters get (1/W) * sum over all W ranks. So: sum over the replicate group
+    (one all-reduce of all shards packed, when R > 1), then divide by W. Skipped, the experts would train at
+    `ep` times the learning rate with no error. Collective over the replicate group."""
+    grads = []
+    for p in expert_shard_params(model):
+        if p.requires_grad:
+            if p.grad is None:  # NOTE: a zero-row rank's shards are tied (exact zeros); None means no forward ran
+                p.grad = torch.zeros_like(p)
+            grads.append(p.grad)
+    if not grads:
+        return
+    if groups.replicas > 1:
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, group=groups.replicate_group)
+        torch._foreach_copy_(grads, [t.view_as(g) for t, g in zip(flat.split([g.numel() for g in grads]), grads)])
+    torch._foreach_div_(grads, float(groups.world))
+
+
+def _shards(model: nn.Module) -> Iterator[tuple[str, ExpertShard, str]]:
+    """(state-dict name, shard module, parameter name) of every expert-parallel parameter, in model order."""
+    for name, block in moe_blocks(model):
+        if block.ep is not None:
+            for pname in ("gate_up_proj", "down_proj"):
+                yield f"{name}.experts.{pname}", block.experts, pname
+
+
+def gather_full_experts(model: nn.Module, groups: ExpertParallel) -> dict[str, torch.Tensor]:
+    """The full [E, ...] expert tensors (the file a non-EP run writes), on CPU on rank 0, {} elsewhere. Collective
+    over the EP group that holds rank 0 (the other groups hold copies and skip it); one tensor at a time."""
+    out: dict[str, torch.Tensor] = {}
+    if groups.rank >= groups.ep:
+        return out
+    for key, shard, pname in _shards(model):
+        local = getattr(shard, pname).detach().contiguous()
+        parts = [torch.empty_like(local) for _ in range(groups.ep)]
+        dist.all_gather(parts, local, group=groups.ep_group)
+        if groups.rank == 0:
+            out[key] = torch.cat(parts).to("cpu")
+    return out
+
+
+def expert_slices(model: nn.Module) -> dict[str, slice]:
+    """State-dict name -> the dim-0 slice of the full [E, ...] tensor this rank holds ({} without EP)."""
+    return {key: slice(shard.first, shard.first + getattr(shard, pname).shape[0])
+            for key, shard, pname in _shards(model)}
+
+
 def expert_parallel_of(model: nn.Module) -> ExpertParallel | None:
     for _, block in moe_blocks(model):
         return block.ep

@@ -5,6 +5,10 @@ gradient (DDP, one process) contributes its squares once, since every rank holds
 whether a step is skipped, so it must be the same number on every rank: a rank-local NaN (a non-finite loss on one
 rank whose gradient happened to stay finite) is folded into the same reduce, and the verdict comes out identical.
 
+A rank-split parameter (`mark_rank_split`: an expert-parallel shard, align.model.moe_ep) holds different values on
+the ranks of its EP group, each slice on `replicas` ranks: its squares join the sharded sum divided by `replicas`,
+so the one all-reduce counts every expert shard exactly once and clipping sees all of them.
+
 NOTE: every rank must call `global_grad_norm` at the same point: with a process group it issues one all-reduce."""
 
 from __future__ import annotations
@@ -15,6 +19,14 @@ from typing import Iterable
 import torch
 
 from align.utils.dist import all_reduce_sum, is_distributed
+
+
+SPLIT_ATTR = "_align_split_replicas"
+
+
+def mark_rank_split(param: torch.Tensor, replicas: int) -> None:
+    """`param` differs across ranks and each of its values lives on `replicas` ranks (see the module docstring)."""
+    setattr(param, SPLIT_ATTR, int(replicas))
 
 
 def _is_dtensor(t: torch.Tensor) -> bool:
@@ -34,10 +46,15 @@ def _sq_sum(tensors: list[torch.Tensor]) -> float:
 
 def global_grad_norm(params: Iterable[torch.Tensor], local_nonfinite: bool = False) -> float:
     """L2 norm of all gradients of `params` across ranks; NaN on every rank if any rank flagged `local_nonfinite`."""
-    grads = _grads(params)
-    sharded = [g.to_local() for g in grads if _is_dtensor(g)]
-    replicated = [g for g in grads if not _is_dtensor(g)]
-    sharded_sq = _sq_sum(sharded)
+    params = [p for p in params if p.grad is not None]
+    sharded = [p.grad.to_local() for p in params if _is_dtensor(p.grad)]
+    split: dict[int, list[torch.Tensor]] = {}
+    replicated = []
+    for p in params:
+        if not _is_dtensor(p.grad):
+            replicas = getattr(p, SPLIT_ATTR, None)
+            (replicated if replicas is None else split.setdefault(replicas, [])).append(p.grad)
+    sharded_sq = _sq_sum(sharded) + sum(_sq_sum(grads) / replicas for replicas, grads in split.items())
     flag = 1.0 if local_nonfinite else 0.0
     if is_distributed():
         sharded_sq, flag = all_reduce_sum([sharded_sq, flag]).tolist()

@@ -22,19 +22,32 @@ The model returns `RouterStats`; this module owns what is done with them. Nothin
   the differentiable loss only, so a non-finite aux value makes the loss non-finite and the Trainer skips/halts.
 - Telemetry: `moe/*` columns from the last completed window in every history row (`self.last`).
 - `RouterCollapseTripwire` (a Trainer callback, armed by thresholds) halts on dead experts or MaxVio.
+- Expert parallelism (`ep_groups`, from `[parallel] expert_parallel`; align.model.moe_ep): the constructor shards
+  the experts before the base wraps the model and builds the optimizer, and `optim_step` finalizes the shards'
+  gradients (replicate-group sum, 1/W) before the norm, clipping and the step, so no caller can skip it; the
+  shards are marked rank-split, so the global norm counts each once. Checkpoints stay the non-EP ones:
+  `full_model_state_dict` gathers the shards over the EP group, `load_model_state_dict` slices full tensors, and
+  the optimizer state records its `expert_parallel`; a resume under another ep value reshards the experts' moments
+  (one all-gather per tensor), so a run may resume across ep values at the same world size.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from align.model.family import family_of_model
 from align.model.moe import LossConvention, RouterStats, expert_load_metrics, load_balancing_loss, router_z_loss
+from align.model.moe_ep import (ExpertParallel, apply_expert_parallel, expert_parallel_groups, expert_parallel_of,
+                                expert_shard_params, expert_slices, finalize_expert_grads, gather_full_experts,
+                                moe_blocks)
+from align.train.grad_norm import mark_rank_split
 from align.train.callbacks import Callback
 from align.train.train_module import AccumInfo, LossOutput, StepMetrics, StepOutcome, TrainModule
 from align.utils.dist import all_reduce_sum
@@ -103,18 +116,34 @@ def moe_module(base: type[TrainModule]) -> type[TrainModule]:
 
 def build_train_module(base: type[TrainModule], model: nn.Module, *args, moe_aux: MoeAuxConfig, stage: str,
                        **kwargs) -> TrainModule:
-    """`base(model, *args, **kwargs)`, with the MoE objective when the model's family has routers."""
+    """`base(model, *args, **kwargs)`, with the MoE objective when the model's family has routers; expert-parallel
+    when the TrainModuleConfig's `parallel.expert_parallel` > 1 (collective: creates the process groups)."""
     wrap = FAMILY_MODULES.get(family_of_model(model).name)
+    cfg = next((a for a in (*args, kwargs.get("cfg")) if hasattr(a, "parallel")), None)
+    ep = cfg.parallel.expert_parallel if cfg is not None else 1
     if wrap is None:
+        if ep > 1:
+            raise ValueError(f"parallel.expert_parallel = {ep} needs an MoE model; {type(model).__name__} "
+                             f"(family {family_of_model(model).name}) has no experts")
         return base(model, *args, **kwargs)
-    return wrap(base)(model, *args, moe_aux=moe_aux, stage=stage, **kwargs)
+    ep_groups = expert_parallel_groups(ep) if ep > 1 else None
+    return wrap(base)(model, *args, moe_aux=moe_aux, stage=stage, ep_groups=ep_groups, **kwargs)
 
 
 class MoETrainModule(TrainModule):
     """Mixin over a concrete TrainModule (use `moe_module(SftTrainModule)`); extra constructor kwargs:
-    `moe_aux` (MoeAuxConfig) and `stage` (the stage name the defaults are chosen by)."""
+    `moe_aux` (MoeAuxConfig), `stage` (the stage name the defaults are chosen by) and `ep_groups` (expert
+    parallelism: align.model.moe_ep.expert_parallel_groups; None = every expert on every rank)."""
 
-    def __init__(self, *args, moe_aux: MoeAuxConfig = MoeAuxConfig(), stage: str = "sft", **kwargs):
+    def __init__(self, *args, moe_aux: MoeAuxConfig = MoeAuxConfig(), stage: str = "sft",
+                 ep_groups: ExpertParallel | None = None, **kwargs):
+        self.ep_groups = ep_groups
+        if ep_groups is not None:  # NOTE: before the base wraps the model (DDP/FSDP2) and builds the optimizer
+            model = args[0] if args else kwargs["model"]
+            if expert_parallel_of(model) is None:
+                apply_expert_parallel(model, ep_groups)
+            for p in expert_shard_params(model):
+                mark_rank_split(p, ep_groups.replicas)
         self.moe_aux = moe_aux
         self.lb_coef, self.z_coef = moe_aux.coefficients(stage)
         self._stats: list[RouterStats] = []
@@ -165,6 +194,8 @@ class MoETrainModule(TrainModule):
 
     # ------------------------------------------------------------------------------------------- the boundary
     def optim_step(self) -> StepOutcome:
+        if self.ep_groups is not None:
+            finalize_expert_grads(self.model, self.ep_groups)
         outcome = super().optim_step()
         if self._buffer is not None:
             self._moe_last = window_metrics(self._buffer, self.moe_aux.convention)
@@ -174,6 +205,58 @@ class MoETrainModule(TrainModule):
     def zero_grads(self) -> None:
         super().zero_grads()
         self._buffer = None
+
+    # ------------------------------------------------------------------------------------------- EP state
+    @property
+    def expert_parallel(self) -> int:
+        return 1 if self.ep_groups is None else self.ep_groups.ep
+
+    def full_model_state_dict(self) -> dict[str, torch.Tensor]:
+        out = super().full_model_state_dict()
+        if self.ep_groups is not None:
+            out.update(gather_full_experts(self.model, self.ep_groups))  # the shards' [E/ep] copies replaced
+        return out
+
+    def load_model_state_dict(self, state: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]) -> None:
+        cuts = expert_slices(self.model)
+        pairs = state.items() if isinstance(state, Mapping) else state
+        super().load_model_state_dict((n, t[cuts[n]] if n in cuts else t) for n, t in pairs)
+
+    def state_dict(self) -> dict:
+        return dict(super().state_dict(), expert_parallel=self.expert_parallel)
+
+    def load_state_dict(self, state: dict) -> None:
+        saved = int(state.get("expert_parallel", 1))
+        if saved != self.expert_parallel:
+            state = dict(state, optimizer=self._reshard_moments(state["optimizer"], saved))
+        super().load_state_dict(state)
+
+    def _reshard_moments(self, opt_state: dict, saved: int) -> dict:
+        """Optimizer state written under expert_parallel `saved` -> this module's layout. Rank r of the old layout
+        held experts [(r % saved) * E/saved, ...): the ranks 0..saved-1 together hold all of them. Collective."""
+        index = {id(p): i for i, p in enumerate(p for g in self.optimizer.param_groups for p in g["params"])}
+        params = dict(self.model.named_parameters())
+        e = self.model.config.num_experts
+        old_n, cuts = e // saved, expert_slices(self.model)
+        state = {i: dict(v) for i, v in opt_state["state"].items()}
+        for block_name, _ in moe_blocks(self.model):
+            for name in (f"{block_name}.experts.gate_up_proj", f"{block_name}.experts.down_proj"):
+                entry = state.get(index[id(params[name])], {})
+                for key in sorted(entry):
+                    value = entry[key]
+                    if not torch.is_tensor(value) or value.dim() == 0:
+                        continue
+                    if value.shape[0] != old_n:
+                        raise ValueError(f"optimizer state {key!r} of {name} has shape {tuple(value.shape)}, not an "
+                                         f"[E/ep = {old_n}, ...] expert shard: it cannot be resharded from "
+                                         f"expert_parallel {saved} to {self.expert_parallel}")
+                    full = value
+                    if saved > 1:
+                        parts = [torch.empty_like(value) for _ in range(dist.get_world_size())]
+                        dist.all_gather(parts, value.contiguous())
+                        full = torch.cat(parts[:saved])
+                    entry[key] = full[cuts.get(name, slice(None))].clone()
+        return dict(opt_state, state=state)
 
 
 def window_metrics(window: RouterStats, convention: LossConvention) -> dict[str, float]:

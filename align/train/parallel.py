@@ -21,6 +21,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from align.model.checkpoint import DTYPES
+from align.model.moe_ep import expert_shard_params
 from align.utils.dist import device, is_distributed, world_size
 
 
@@ -37,6 +38,13 @@ class ParallelConfig:
     # each rank's gradient unsharded until the window ends (FSDP2), i.e. a full bf16 gradient per GPU (14.5 GB for
     # 7B): where memory is short, sync every micro-batch and pay the extra reduce-scatters instead.
     sync_every_micro_batch: bool = False
+    # Expert parallelism (align.model.moe_ep): ranks per EP group, each holding num_experts / N experts of every
+    # MoE layer; 1 = off. Must divide the world size and num_experts. The expert shards stay out of DDP / FSDP2.
+    expert_parallel: int = 1
+
+    def __post_init__(self):
+        if not isinstance(self.expert_parallel, int) or self.expert_parallel < 1:
+            raise ValueError(f"parallel.expert_parallel must be an integer >= 1, got {self.expert_parallel!r}")
 
     def resolved_strategy(self, world: int) -> str:
         if self.strategy == "auto":
@@ -84,6 +92,8 @@ def wrap(unit: LossForward, cfg: ParallelConfig) -> nn.Module:
     if strategy != "single" and not is_distributed():
         raise ValueError(f"parallel.strategy={strategy!r} needs a process group (launch with torchrun)")
     unit.to(device())
+    # expert-parallel shards differ across ranks: neither averaged (DDP) nor sharded (FSDP2) with the rest
+    ignored = expert_shard_params(unit.model)
     if cfg.activation_checkpointing:
         for block in decoder_blocks(unit.model):
             _checkpoint_forward(block)
@@ -91,14 +101,19 @@ def wrap(unit: LossForward, cfg: ParallelConfig) -> nn.Module:
         from torch.nn.parallel import DistributedDataParallel
 
         ids = [device().index] if device().type == "cuda" else None
+        if ignored:
+            names = {id(p): n for n, p in unit.named_parameters()}
+            DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(unit, [names[id(p)] for p in ignored])
         return DistributedDataParallel(unit, device_ids=ids)  # the model has no buffers to sync
     if strategy == "fsdp":
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         mp = dict(param_dtype=DTYPES[cfg.param_dtype], reduce_dtype=DTYPES[cfg.reduce_dtype])
+        skip = set(ignored) or None
         for block in decoder_blocks(unit.model):
-            fully_shard(block, mp_policy=MixedPrecisionPolicy(**mp), reshard_after_forward=cfg.reshard_after_forward)
-        fully_shard(unit, mp_policy=MixedPrecisionPolicy(**mp, cast_forward_inputs=False))
+            fully_shard(block, mp_policy=MixedPrecisionPolicy(**mp), reshard_after_forward=cfg.reshard_after_forward,
+                        ignored_params=skip)
+        fully_shard(unit, mp_policy=MixedPrecisionPolicy(**mp, cast_forward_inputs=False), ignored_params=skip)
     return unit
 
 

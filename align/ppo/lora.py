@@ -43,6 +43,7 @@ class LoraConfig:
     dropout: float = 0.0  # on the adapter's input only (the base path sees x unchanged), as peft
     # a Linear is wrapped when its qualified name equals an entry or ends with "." + entry (peft's rule)
     target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    save_adapter: bool = False  # a stage also publishes the adapter alone, in peft's layout, under final/adapter/
 
     def __post_init__(self):
         if not (isinstance(self.rank, int) and self.rank > 0):
@@ -58,6 +59,11 @@ class LoraConfig:
     @property
     def scaling(self) -> float:
         return self.alpha / self.rank
+
+
+def lora_delta(a: torch.Tensor, b: torch.Tensor, scaling: float) -> torch.Tensor:
+    """(out, in) update of one adapter, (B @ A) * alpha / r: peft's order of operations (merge is bitwise its)."""
+    return (b @ a) * scaling
 
 
 class LoraLinear(nn.Module):
@@ -90,7 +96,7 @@ class LoraLinear(nn.Module):
     @torch.no_grad()
     def delta_weight(self) -> torch.Tensor:
         """(out, in): (B @ A) * alpha / r."""
-        return (self.lora_B.weight @ self.lora_A.weight) * self.scaling
+        return lora_delta(self.lora_A.weight, self.lora_B.weight, self.scaling)
 
     def merged(self) -> nn.Linear:
         """A plain Linear holding W + delta as a new tensor (W itself is not modified: a reference model sharing
@@ -167,15 +173,33 @@ def merge(model: nn.Module) -> nn.Module:
     return model
 
 
+ADAPTER_KEYS = (".lora_A.weight", ".lora_B.weight")  # a wrapped module's adapter tensors in its state dict
+
+
 def adapter_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """The adapter tensors under peft's saved key names (no adapter name: peft inserts ".default" on load)."""
-    state = {}
-    for name, layer in lora_layers(model).items():
-        state[f"{PEFT_PREFIX}{name}.lora_A.weight"] = layer.lora_A.weight.detach().contiguous().cpu()
-        state[f"{PEFT_PREFIX}{name}.lora_B.weight"] = layer.lora_B.weight.detach().contiguous().cpu()
-    if not state:
+    return peft_adapter_state(model.state_dict())
+
+
+def peft_adapter_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The adapter entries of a LoRA model's (full, e.g. gathered) state dict under peft's saved key names."""
+    out = {f"{PEFT_PREFIX}{k}": v.detach().contiguous().cpu() for k, v in state.items() if k.endswith(ADAPTER_KEYS)}
+    if not out:
         raise ValueError("adapter_state_dict: the model has no LoRA adapters")
-    return state
+    return out
+
+
+def merge_state_dict(state: dict[str, torch.Tensor], scaling: float) -> dict[str, torch.Tensor]:
+    """A LoRA model's (full) state dict as the plain model's: every `<m>.weight` with adapters becomes
+    W + (B @ A) * scaling (new tensors, bitwise `merge`'s), the adapter entries are dropped, the rest is passed
+    through (the same tensor objects). What a stage publishes and what a sampler of the plain model is sent."""
+    out = {k: v for k, v in state.items() if not k.endswith(ADAPTER_KEYS)}
+    for key in state:
+        if key.endswith(ADAPTER_KEYS[0]):
+            module = key[: -len(ADAPTER_KEYS[0])]
+            a, b = state[key], state[module + ADAPTER_KEYS[1]]
+            out[module + ".weight"] = out[module + ".weight"] + lora_delta(a, b, scaling)
+    return out
 
 
 def peft_adapter_config(cfg: LoraConfig, base_model: str | None = None) -> dict:
@@ -191,7 +215,12 @@ def peft_adapter_config(cfg: LoraConfig, base_model: str | None = None) -> dict:
 def save_adapter(model: nn.Module, cfg: LoraConfig, out_dir: str | os.PathLike,
                  base_model: str | None = None) -> Path:
     """Write the adapter alone in peft's layout at `out_dir`: staged, fsynced, published by rename."""
-    state = adapter_state_dict(model)
+    return save_adapter_state(adapter_state_dict(model), cfg, out_dir, base_model)
+
+
+def save_adapter_state(state: dict[str, torch.Tensor], cfg: LoraConfig, out_dir: str | os.PathLike,
+                       base_model: str | None = None) -> Path:
+    """`save_adapter` from tensors already under peft's key names (`peft_adapter_state` of a gathered state)."""
     final = Path(out_dir)
     staging = staging_dir(final)
     try:

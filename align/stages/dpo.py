@@ -31,9 +31,10 @@ from align.data.store import ShardSet
 from align.exceptions import ConfigError
 from align.exit_codes import exit_stage
 from align.model.checkpoint import DTYPES, load_checkpoint, tokenizer_dir_for
+from align.ppo.lora import LoraConfig
+from align.ppo.lora_stage import inloop_eval, maybe_lora, publish_final
 from align.profile import CommonConfig
 from align.tokenizer import Tokenizer, TokenizerConfig
-from align.eval.inloop import build_inloop_eval
 from align.eval.inloop_config import InLoopEvalConfig
 from align.train.callbacks import ProgressLine, SpeedMonitor
 from align.train.dpo_loss import DpoLossConfig
@@ -91,6 +92,7 @@ class DpoStageConfig(CommonConfig):
     probes: ProbeConfig = field(default_factory=lambda: ProbeConfig(armed=("grad_norm", "loss_spike")))
     inloop_eval: InLoopEvalConfig = field(default_factory=InLoopEvalConfig)
     moe_aux: MoeAuxConfig = field(default_factory=MoeAuxConfig)  # [moe_aux]: MoE policies only (default: none)
+    lora: LoraConfig | None = None  # [lora]: train adapters only, publish the merged model (align.ppo.lora_stage)
 
 
 class RowSubset:
@@ -160,7 +162,7 @@ def main() -> int:
     cache = RefCache.open(runs / cfg.data.ref_cache, cache_key(reference, shards.digest, tok_hash, cfg.data.ref_dtype),
                           len(shards))
     train_rows, held_rows = split_rows(len(shards), cfg.data.heldout_every)
-    model = load_checkpoint(reference, dtype=DTYPES[cfg.model.dtype], device=device())
+    model = maybe_lora(load_checkpoint(reference, dtype=DTYPES[cfg.model.dtype], device=device()), cfg.lora, "dpo")
     module_cfg = TrainModuleConfig(optimizer=cfg.optimizer, scheduler=cfg.scheduler, parallel=cfg.parallel)
     module = build_train_module(DpoTrainModule, model, module_cfg, cfg.loss, cache, cfg.train.max_steps,
                                 seed=cfg.run.seed, cache_rows=torch.from_numpy(train_rows), moe_aux=cfg.moe_aux,
@@ -170,7 +172,7 @@ def main() -> int:
     tripwires = Tripwires(cfg.probes, list(module.model.parameters()), model.config.vocab_size)
     callbacks = [SpeedMonitor(n_params), tripwires, ProgressLine(cfg.train.max_steps, label="dpo")]
     tok = Tokenizer.from_pretrained(tokenizer_dir_for(reference) or cfg.tokenizer.path, cfg.tokenizer.cache)
-    inloop = build_inloop_eval(cfg.inloop_eval, runs, tok, module, cfg.train.max_steps, engine_model=model)
+    inloop = inloop_eval(cfg.inloop_eval, runs, tok, module, cfg.train.max_steps, cfg.lora, engine_model=model)
     callbacks += [inloop] if inloop is not None else []
     callbacks += moe_callbacks(cfg.moe_aux)
     inputs = {"reference": cache.key.reference, "pairs": shards.digest, "ref_cache": cache.key.digest()}
@@ -185,7 +187,8 @@ def main() -> int:
         print("dpo: held-out preference accuracy "
               f"SFT {metrics.get('sft_preference_accuracy', float('nan')):.3f} -> "
               f"DPO {metrics.get('dpo_preference_accuracy', float('nan')):.3f}")
-    trainer.publish_final(run_dir / "final", tokenizer_dir=tokenizer_dir_for(reference), inputs=inputs)  # collective
+    publish_final(trainer, cfg.lora, run_dir / "final", tokenizer_dir=tokenizer_dir_for(reference),
+                  inputs=inputs)  # collective
     return 0
 
 

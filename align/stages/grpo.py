@@ -13,6 +13,7 @@ stage. `<runs>` is $ALIGN_RUNS_DIR under the pipeline, else runs/tiny."""
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -22,6 +23,8 @@ from align.data.store import ShardSet
 from align.eval.inloop import build_inloop_eval, verifier_task
 from align.exit_codes import exit_stage
 from align.model.checkpoint import DTYPES, checkpoint_content_hash, load_checkpoint, tokenizer_dir_for
+from align.ppo.lora import LoraConfig
+from align.ppo.lora_stage import MergedWeightsClient, maybe_lora, publish_final
 from align.rl.batch_source import GrpoBatchSource, PromptSet
 from align.rl.canary import Canary, evaluate, paired_gain
 from align.rl.curriculum import PromptCurriculum
@@ -41,6 +44,13 @@ from align.train.trainer import Trainer
 from align.utils.dist import device, init_distributed, is_rank0, rank, world_size
 from align.utils.fsio import atomic_write_json
 
+@dataclass(frozen=True, kw_only=True)
+class GrpoLoraStageConfig(GrpoStageConfig):
+    """The GRPO stage's config with `[lora]` (align.ppo.lora_stage): adapters train, the sampler gets merged weights."""
+
+    lora: LoraConfig | None = None
+
+
 def reference_scorer(start: Path, cfg: GrpoStageConfig):
     """Log-probs under the frozen start weights (only built when a KL term needs them)."""
     ref = load_checkpoint(start, dtype=DTYPES[cfg.data.model_dtype], device=device()).eval().requires_grad_(False)
@@ -54,7 +64,7 @@ def reference_scorer(start: Path, cfg: GrpoStageConfig):
 
 
 def main() -> int:
-    cfg = load_cli_config(GrpoStageConfig, prog="align.stages.grpo")
+    cfg = load_cli_config(GrpoLoraStageConfig, prog="align.stages.grpo")
     runs = Path(os.environ.get("ALIGN_RUNS_DIR", "runs/tiny"))
     run_dir = run_dir_from_env(runs / "grpo_checkpoint")
     init_distributed(run_dir=run_dir)
@@ -67,8 +77,9 @@ def main() -> int:
     heldout = ShardSet.open(runs / cfg.data.eval, kind="prompts", tokenizer_hash=tok.content_hash)
     client = make_rollout_client(cfg.rollout, load_checkpoint(start, dtype=DTYPES[cfg.data.engine_dtype],
                                                                device=device()))
-    module = build_train_module(GrpoTrainModule, load_checkpoint(start, dtype=DTYPES[cfg.data.model_dtype],
-                                                                 device=device()),
+    client = MergedWeightsClient(client, cfg.lora) if cfg.lora is not None else client  # pushes merged weights
+    policy = maybe_lora(load_checkpoint(start, dtype=DTYPES[cfg.data.model_dtype], device=device()), cfg.lora, "grpo")
+    module = build_train_module(GrpoTrainModule, policy,
                                 TrainModuleConfig(cfg.optimizer, cfg.scheduler, cfg.parallel), cfg.loss,
                                 cfg.shape.temperature, cfg.shape.max_new_tokens, cfg.train.max_steps,
                                 seed=cfg.run.seed, client=client, health=GrpoHealth(cfg.health),
@@ -108,7 +119,8 @@ def main() -> int:
         atomic_write_json(run_dir / "metrics.json", metrics)
         print(f"grpo: held-out greedy accuracy {before['pass@1']:.3f} -> {after['pass@1']:.3f}; reward "
               f"{metrics['reward_first']:.3f} -> {metrics['reward_last']:.3f}")
-    trainer.publish_final(run_dir / "final", tokenizer_dir=tokenizer_dir_for(start), inputs=inputs)  # collective
+    publish_final(trainer, cfg.lora, run_dir / "final", tokenizer_dir=tokenizer_dir_for(start),
+                  inputs=inputs)  # collective
     return 0
 
 

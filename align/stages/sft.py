@@ -22,13 +22,14 @@ import torch
 from align.config import config_digest, load_cli_config, run_dir_from_env, write_resolved_config
 from align.data.loader import BatchLoader, LoaderConfig
 from align.data.store import ShardSet
-from align.eval.inloop import build_inloop_eval
 from align.eval.inloop_config import InLoopEvalConfig
 from align.exit_codes import exit_stage
 from align.model import MistralConfig, MistralForCausalLM
 from align.model.checkpoint import DTYPES, checkpoint_content_hash, load_checkpoint
 from align.model.family import from_scratch
 from align.model.olmoe import ExpertLayout
+from align.ppo.lora import LoraConfig
+from align.ppo.lora_stage import inloop_eval, maybe_lora, publish_final
 from align.profile import CommonConfig
 from align.tokenizer import Tokenizer, TokenizerConfig
 from align.tokenizer.tokenizer import resolve_tokenizer_dir
@@ -81,6 +82,7 @@ class SftStageConfig(CommonConfig):
     probes: ProbeConfig = field(default_factory=ProbeConfig)
     inloop_eval: InLoopEvalConfig = field(default_factory=InLoopEvalConfig)
     moe_aux: MoeAuxConfig = field(default_factory=MoeAuxConfig)  # [moe_aux]: MoE models only
+    lora: LoraConfig | None = None  # [lora]: train adapters only, publish the merged model (align.ppo.lora_stage)
 
 
 def build_model(cfg: SftStageConfig) -> MistralForCausalLM:
@@ -106,13 +108,15 @@ def base_identity(cfg) -> str:
     return config_digest(cfg.model.init) if cfg.model.moe is None else config_digest(cfg.model)
 
 
-def fit_and_publish(cfg, module, loader, run_dir: Path, callbacks: list, tok_dir: Path, inputs: dict) -> int:
-    """Train (resuming a checkpoint of the same run identity), then publish `final/` (collective: every rank)."""
+def fit_and_publish(cfg, module, loader, run_dir: Path, callbacks: list, tok_dir: Path, inputs: dict,
+                    lora: LoraConfig | None = None) -> int:
+    """Train (resuming a checkpoint of the same run identity), then publish `final/` (collective: every rank;
+    with `lora` the merged checkpoint, align.ppo.lora_stage.publish_final)."""
     trainer = Trainer(cfg.train, module, loader, run_dir, callbacks, identity=run_identity(cfg, inputs))
     code = trainer.fit()
     if code != 0:
         return code
-    trainer.publish_final(run_dir / "final", tokenizer_dir=tok_dir, inputs=inputs)
+    publish_final(trainer, lora, run_dir / "final", tokenizer_dir=tok_dir, inputs=inputs)
     return 0
 
 
@@ -137,7 +141,7 @@ def main() -> int:
         write_resolved_config(cfg, run_dir)
     tok_dir = resolve_tokenizer_dir(cfg.tokenizer.path)
     shards = ShardSet.open(runs / cfg.data.shards, kind="sft", tokenizer_hash=sha256_file(tok_dir / "tokenizer.json"))
-    model = build_model(cfg)
+    model = maybe_lora(build_model(cfg), cfg.lora, "sft")
     engine_model = model if cfg.inloop_eval.every else None  # copied before wrapping (FSDP2 shards in place)
     n_params = sum(p.numel() for p in model.parameters())
     module = build_module(cfg, model)
@@ -152,11 +156,11 @@ def main() -> int:
                  Tripwires(cfg.probes, list(module.model.parameters()), model.config.vocab_size),
                  ProgressLine(cfg.train.max_steps, label="sft")]
     tok = Tokenizer.from_pretrained(tok_dir, cfg.tokenizer.cache)
-    inloop = build_inloop_eval(cfg.inloop_eval, runs, tok, module, cfg.train.max_steps, engine_model=engine_model)
+    inloop = inloop_eval(cfg.inloop_eval, runs, tok, module, cfg.train.max_steps, cfg.lora, engine_model)
     callbacks += [inloop] if inloop is not None else []
     callbacks += moe_callbacks(cfg.moe_aux)
     inputs = {"shards": shards.digest, "base": base_identity(cfg)}
-    code = fit_and_publish(cfg, module, loader, run_dir, callbacks, tok_dir, inputs)
+    code = fit_and_publish(cfg, module, loader, run_dir, callbacks, tok_dir, inputs, lora=cfg.lora)
     if code != 0:
         return code
     if is_rank0():

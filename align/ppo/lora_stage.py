@@ -1,0 +1,107 @@
+"""`[lora]` in a training stage (SFT, DPO, GRPO): what a stage calls so that LoRA changes no stage's default path.
+
+A stage config holds `lora: LoraConfig | None = None`; with the table present the stage
+1. `maybe_lora(model, cfg.lora)` right after building the policy and before its TrainModule, so the optimizer is
+   built over the adapters only (align.train.optim takes parameters with requires_grad);
+2. checkpoints and resume need nothing: the state dict keeps the base keys and gains `<m>.lora_{A,B}.weight`, which
+   the Trainer's checkpoint `model/` holds and streams back like any parameter (so a checkpoint of a LoRA run holds
+   the frozen base too, and its `model/` is align's resume state, not a checkpoint for transformers);
+3. `publish_final(trainer, cfg.lora, final, ...)`: `final/` is the MERGED ordinary HF checkpoint (W + B A alpha/r,
+   align.ppo.lora.merge_state_dict), its round trip checked bitwise against the merged weights as the Trainer checks
+   its own, plus, with `save_adapter = true`, the adapter alone in peft's layout under `final/adapter/` (written
+   before the manifest, so the manifest lists it and `final/` appears whole or not at all);
+4. samplers of the plain model (GRPO's rollout engine, the SFT/DPO in-loop Engine): `MergedWeightsClient` merges the
+   adapters into every weight push. Why merged and not base + adapter in the engine: the engine's fused decoder
+   packs each projection's weight into kernel panels (align.inference.fused_layers) and would silently drop an
+   unmerged adapter. Cost per push: one (out x r) @ (r x in) product and one new (out x in) tensor per wrapped
+   projection, i.e. r multiply-adds per wrapped weight element (a forward of r tokens through those projections)
+   and one extra copy of them, next to the weight copy (and panel repacking) every push already pays."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from torch import nn
+
+from align.eval.inloop import build_inloop_eval, engine_copy, full_weights
+from align.ppo.lora import (LoraConfig, apply_lora, merge, merge_state_dict, peft_adapter_state, save_adapter_state,
+                            trainable_parameters)
+from align.rollout.native import NativeRolloutClient
+from align.utils.dist import broadcast_object, is_rank0
+from align.utils.fsio import publish_dir, staging_dir
+from align.utils.manifest import read_manifest, write_manifest
+
+MANIFEST_OWN_KEYS = ("kind", "files", "inputs", "created")  # write_manifest's reserved keys; the rest are extras
+
+
+def maybe_lora(model: nn.Module, cfg: LoraConfig | None, label: str = "") -> nn.Module:
+    """`model` with LoRA applied in place when `cfg` is given (else unchanged); prints the trainable share."""
+    if cfg is None:
+        return model
+    apply_lora(model, cfg)
+    if is_rank0():
+        total = sum(p.numel() for p in model.parameters())
+        train = sum(p.numel() for _, p in trainable_parameters(model))
+        print(f"{label or 'lora'}: LoRA r={cfg.rank} alpha={cfg.alpha} on {list(cfg.target_modules)}: "
+              f"{train / 1e3:.1f}k of {total / 1e6:.2f}M parameters train ({train / total:.2%})", flush=True)
+    return model
+
+
+class MergedWeightsClient:
+    """A rollout client over a PLAIN copy of the policy, fed by a LoRA policy: `update_weights` merges the adapters
+    (merge_state_dict) before the inner client loads the weights; everything else is the inner client's."""
+
+    def __init__(self, client, cfg: LoraConfig):
+        self.client, self.scaling = client, cfg.scaling
+
+    def update_weights(self, state_dict, version: int | None = None) -> int:
+        return self.client.update_weights(merge_state_dict(dict(state_dict), self.scaling), version)
+
+    def __getattr__(self, name: str):
+        return getattr(self.client, name)
+
+
+def inloop_eval(cfg, runs: Path, tok, module, total_steps: int, lora: LoraConfig | None,
+                engine_model: nn.Module | None):
+    """align.eval.inloop.build_inloop_eval for SFT/DPO; with LoRA its Engine holds a merged plain copy and every
+    evaluation first pushes the merged training weights into it."""
+    if lora is None or not cfg.every:
+        return build_inloop_eval(cfg, runs, tok, module, total_steps, engine_model=engine_model)
+    client = MergedWeightsClient(NativeRolloutClient(merge(engine_copy(module.model)).requires_grad_(False)), lora)
+    callback = build_inloop_eval(cfg, runs, tok, module, total_steps, client=client)
+    callback.sync = lambda: client.update_weights(full_weights(module.model))  # as build_inloop_eval's own copy
+    return callback
+
+
+def publish_final(trainer, lora: LoraConfig | None, out_dir: str | os.PathLike, *, base_model: str | None = None,
+                  **kwargs) -> Path:
+    """Collective: `trainer.publish_final` without LoRA; with it the merged HF checkpoint (+ final/adapter/ when
+    `lora.save_adapter`). kwargs: align.model.checkpoint.save_state_dict's (tokenizer_dir, inputs, dtype)."""
+    if lora is None:
+        return trainer.publish_final(out_dir, **kwargs)
+    weights = trainer.module.full_model_state_dict()  # collective: full CPU tensors on rank 0
+    path = None
+    if is_rank0():
+        path = _publish_merged(trainer, lora, weights, Path(out_dir), base_model, kwargs)
+    return Path(broadcast_object(str(path) if path else None))
+
+
+def _publish_merged(trainer, lora: LoraConfig, weights: dict, final: Path, base_model: str | None,
+                    kwargs: dict) -> Path:
+    from align.eval.roundtrip import check_published
+
+    merged = merge_state_dict(weights, lora.scaling)
+    tmp = staging_dir(final)  # final.partial-<pid>: cleaned by the next writer if this process dies
+    tmp.rmdir()  # the weight format publishes its own staging dir here
+    trainer.weight_format.write(trainer.module.model, merged, tmp, **kwargs)
+    if lora.save_adapter:
+        save_adapter_state(peft_adapter_state(weights), lora, tmp / "adapter", base_model)
+        manifest = read_manifest(tmp)
+        write_manifest(tmp, manifest["kind"], inputs=manifest["inputs"],
+                       extra={k: v for k, v in manifest.items() if k not in MANIFEST_OWN_KEYS})
+    publish_dir(tmp, final)
+    report = check_published(trainer.module.model, final, weights=merged)  # a plain model built from `merged`
+    print(f"lora: published the merged checkpoint {final}: round trip exact ({report['tensors']} tensors, forward "
+          f"equal){'; adapter in final/adapter/' if lora.save_adapter else ''}", flush=True)
+    return final

@@ -158,6 +158,13 @@ class ExpertShard(Experts):
         self.serial = 0  # forward calls of this block: the same on every rank of a healthy stream
         self.received_rows = 0  # rows the local experts got in the latest forward (load telemetry, tests)
 
+    def __deepcopy__(self, memo):
+        # NOTE: a copy (an in-loop engine's, a reference model's) would hold E/ep experts and exchange rows over this
+        # rank's process groups: wrong or a hang far from here, so it is refused at the copy
+        raise TypeError(f"an expert-parallel model holds {self.gate_up_proj.shape[0]} of {self.num_experts} experts "
+                        "per rank and cannot be copied: copy it before apply_expert_parallel, or build the copy "
+                        "from the TrainModule's full_model_state_dict() ([inloop_eval] is not supported with EP)")
+
     def forward(self, x_sorted: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         plan = self._plan(counts, x_sorted.shape[-1])
         group = self.groups.ep_group

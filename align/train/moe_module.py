@@ -151,6 +151,10 @@ class MoETrainModule(TrainModule):
         self._accum: AccumInfo | None = None
         self._moe_last = {k: math.nan for k in METRIC_KEYS}
         super().__init__(*args, **kwargs)
+        if ep_groups is not None:
+            e = self.model.config.num_experts
+            self.banner += (f"; expert_parallel {ep_groups.ep} x {ep_groups.replicas} replica(s): "
+                            f"{e // ep_groups.ep} of {e} experts per rank")
 
     # ------------------------------------------------------------------------------------------- the loss seam
     def loss(self, model: nn.Module, batch: dict) -> LossOutput:

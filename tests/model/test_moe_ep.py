@@ -77,3 +77,18 @@ def test_groups_need_a_process_group():
 
     with pytest.raises(ValueError, match="needs a process group"):
         expert_parallel_groups(2)
+
+
+def test_a_sharded_model_refuses_to_be_copied():
+    """An in-loop engine copy (or any deepcopy) of a sharded model would hold E/ep experts: refused at the copy."""
+    import copy
+
+    from align.model.moe import SparseMoeBlock
+    from align.model.moe_ep import ExpertParallel, apply_expert_parallel
+
+    block = SparseMoeBlock(16, 8, 8, 2, norm_topk_prob=False)
+    copy.deepcopy(block)  # unsharded: fine
+    apply_expert_parallel(block, ExpertParallel(ep=2, world=2, rank=1, ep_group=None, replicate_group=None))
+    assert block.experts.gate_up_proj.shape[0] == 4 and block.experts.first == 4
+    with pytest.raises(TypeError, match="holds 4 of 8 experts per rank and cannot be copied"):
+        copy.deepcopy(block)

@@ -18,10 +18,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_ranks(script: Path, world: int, *args: str, timeout: float = 240) -> list[str]:
-    """Start `world` ranks of `script args...`, wait for all, assert each exited 0; their stdouts in rank order."""
+def run_ranks(script: Path, world: int, *args: str, timeout: float = 240, gpus: bool = False) -> list[str]:
+    """Start `world` ranks of `script args...`, wait for all, assert each exited 0; their stdouts in rank order.
+    The GPUs are hidden unless `gpus` (an NCCL worker puts rank r on GPU LOCAL_RANK = r)."""
     base = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(world), "CUDA_VISIBLE_DEVICES": ""}
+            "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(world)}
+    if not gpus:
+        base["CUDA_VISIBLE_DEVICES"] = ""
     procs = [subprocess.Popen([sys.executable, str(script), *args], cwd=REPO, text=True, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, env={**base, "RANK": str(r), "LOCAL_RANK": str(r)})
              for r in range(world)]

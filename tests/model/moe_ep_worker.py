@@ -1,4 +1,5 @@
-"""Worker of test_moe_ep.py: one gloo rank (env:// rendezvous). argv: out_dir ep case.
+"""Worker of test_moe_ep.py: one rank (env:// rendezvous). argv: out_dir ep case [backend]; backend gloo (CPU, the
+default) or nccl (each rank on GPU LOCAL_RANK).
 
 Every rank builds the same full fp64 model from one seed, keeps a copy as the single-process reference, shards the
 other with apply_expert_parallel, and runs its own tokens through it. The reference runs the rank-ordered
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -30,6 +32,7 @@ from align.model.olmoe import OlmoeForCausalLM  # noqa: E402
 from moe_helpers import tiny_olmoe  # noqa: E402
 
 D, I, E, K = 16, 8, 8, 2
+DEVICE = torch.device("cpu")  # main() moves it to this rank's GPU under nccl
 
 
 def worst(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -41,7 +44,7 @@ def tokens_of(r: int, adversarial: bool) -> torch.Tensor:
     x = torch.randn(5 + 3 * r, D, generator=torch.Generator().manual_seed(10 + r), dtype=torch.float64)
     if adversarial:
         x[:, 0] = x[:, 0].abs() + 1.0  # a positive feature the rigged router reads
-    return x
+    return x.to(DEVICE)
 
 
 def rig_router(block: SparseMoeBlock, ep: int) -> None:
@@ -77,12 +80,13 @@ def run_block(groups, adversarial: bool) -> dict:
     ref = SparseMoeBlock(D, I, E, K, norm_topk_prob=False).double()
     for m in (ref.gate, ref.experts):
         m.init_parameters(0.5)
+    ref.to(DEVICE)
     if adversarial:
         rig_router(ref, groups.ep)
     block = apply_expert_parallel(copy.deepcopy(ref), groups)
     first_rank = groups.rank - groups.ep_rank
     xs = [tokens_of(first_rank + p, adversarial) for p in range(groups.ep)]
-    probes = [torch.randn(x.shape, generator=torch.Generator().manual_seed(50 + i), dtype=torch.float64)
+    probes = [torch.randn(x.shape, generator=torch.Generator().manual_seed(50 + i), dtype=torch.float64).to(DEVICE)
               for i, x in enumerate(xs)]
     sl = slice(sum(x.shape[0] for x in xs[:groups.ep_rank]), sum(x.shape[0] for x in xs[:groups.ep_rank + 1]))
     result = {}
@@ -115,10 +119,10 @@ def run_block(groups, adversarial: bool) -> dict:
 def run_model(groups) -> dict:
     cfg = tiny_olmoe(hidden_size=32, intermediate_size=16, num_experts=E, num_experts_per_tok=K, vocab_size=64)
     torch.manual_seed(0)
-    ref = OlmoeForCausalLM(cfg).double()
+    ref = OlmoeForCausalLM(cfg).double().to(DEVICE)
     model = apply_expert_parallel(copy.deepcopy(ref), groups)
     first_rank = groups.rank - groups.ep_rank
-    batches = [torch.randint(0, 64, (2, 9), generator=torch.Generator().manual_seed(20 + first_rank + p))
+    batches = [torch.randint(0, 64, (2, 9), generator=torch.Generator().manual_seed(20 + first_rank + p)).to(DEVICE)
                for p in range(groups.ep)]
 
     def ce(logits, ids):
@@ -144,7 +148,7 @@ def run_desync(groups) -> dict:
     block = SparseMoeBlock(D, I, E, K, norm_topk_prob=False).double()
     for m in (block.gate, block.experts):
         m.init_parameters(0.5)
-    block = apply_expert_parallel(block, groups)
+    block = apply_expert_parallel(block.to(DEVICE), groups)
     if groups.ep_rank == 0:
         block.experts.serial += 1
     try:
@@ -159,11 +163,16 @@ CASES = {"block": lambda g: run_block(g, False), "adversarial": lambda g: run_bl
 
 
 def main() -> None:
+    global DEVICE
     out, ep, case = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-    dist.init_process_group("gloo")
+    backend = sys.argv[4] if len(sys.argv) > 4 else "gloo"
+    if backend == "nccl":
+        DEVICE = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        torch.cuda.set_device(DEVICE)
+    dist.init_process_group(backend)
     groups = expert_parallel_groups(ep)
     result = CASES[case](groups)
-    (out / f"{case}_ep{ep}_rank{groups.rank}.json").write_text(json.dumps(result))
+    (out / f"{case}_ep{ep}_{backend}_rank{groups.rank}.json").write_text(json.dumps(result))
     dist.destroy_process_group()
 
 

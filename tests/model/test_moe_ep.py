@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from gloo_ranks import run_ranks
 
@@ -22,9 +23,9 @@ WORKER = Path(__file__).parent / "moe_ep_worker.py"
 EXACT = ("out", "logits", "loss", "expert_grads", "input_grad_expert_path")
 
 
-def results(tmp_path: Path, world: int, ep: int, case: str) -> list[dict]:
-    run_ranks(WORKER, world, str(tmp_path), str(ep), case)
-    return [json.loads((tmp_path / f"{case}_ep{ep}_rank{r}.json").read_text()) for r in range(world)]
+def results(tmp_path: Path, world: int, ep: int, case: str, backend: str = "gloo") -> list[dict]:
+    run_ranks(WORKER, world, str(tmp_path), str(ep), case, backend, gpus=backend == "nccl")
+    return [json.loads((tmp_path / f"{case}_ep{ep}_{backend}_rank{r}.json").read_text()) for r in range(world)]
 
 
 def check_block(rows: list[dict]) -> None:
@@ -92,3 +93,23 @@ def test_a_sharded_model_refuses_to_be_copied():
     assert block.experts.gate_up_proj.shape[0] == 4 and block.experts.first == 4
     with pytest.raises(TypeError, match="holds 4 of 8 experts per rank and cannot be copied"):
         copy.deepcopy(block)
+
+
+two_gpus = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
+                              reason="needs 2 CUDA devices (one NCCL rank per GPU)")
+
+
+@pytest.mark.gpu
+@two_gpus
+@pytest.mark.parametrize("case", ["block", "adversarial"])
+def test_nccl_block_bitwise_equal_to_one_process(tmp_path, case):
+    """The gloo checks on NCCL, 2 GPUs (same rows, same order into each expert GEMM: bitwise on one GPU model)."""
+    check_block(results(tmp_path, 2, 2, case, "nccl"))
+
+
+@pytest.mark.gpu
+@two_gpus
+def test_nccl_olmoe_model_equal_to_one_process(tmp_path):
+    for r, res in enumerate(results(tmp_path, 2, 2, "model", "nccl")):
+        assert res["loss"] == 0.0 and res["expert_grads"] == 0.0 and res["expert_grads_present"], (r, res)
+        assert res["logits"] <= 1e-13 and res["replicated_grads"] <= 1e-12, (r, res)

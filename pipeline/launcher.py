@@ -5,8 +5,10 @@ Resolved when doit builds its task list (`plan`), run as the task's action (`exe
      worker module;
   2. heavy stages: take the host's heavy-job lock, then the host preflight (exit 83 on refusal);
   3. run the worker under the supervisor (own process group, output streamed and appended to
-     `<run_dir>/worker.log`, bounded relaunch), `torchrun` when the profile asks for more than one rank;
-  4. check every target exists, then write the receipt, last.
+     `<run_dir>/worker.log`, bounded relaunch), `torchrun` when the profile asks for more than one rank: one node
+     `--standalone`; several nodes ([run] nnodes) torchrun's c10d rendezvous on [run] rdzv_endpoint, this node's
+     index from $ALIGN_NODE_RANK (each node runs the same doit; lock and preflight are this node's);
+  4. check every target exists, then write the receipt, last (node 0 only: one receipt per task).
 A failure returns doit's `TaskFailed` (doit records nothing as done) and records the worker's exit code, which the
 doit process then exits with (pipeline.exitcode)."""
 
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import codecs
 import os
+import re
 import sys
 import time
 from dataclasses import dataclass
@@ -55,6 +58,7 @@ class Launch:
     heavy: bool
     common: CommonConfig | None
     problem: str | None
+    node_rank: int = 0  # $ALIGN_NODE_RANK: this machine's index among [run] nnodes
 
     def identity(self) -> dict:
         """What `config_changed` compares between runs: config values, code, and how the worker is launched."""
@@ -77,16 +81,41 @@ def plan(spec: StageSpec, ctx: StageCtx, project: Project, code_digest: str, com
     if spec.worker.split(".")[0] in project.packages and module_file(project.root, spec.worker) is None:
         problem = problem or f"stage {ctx.task}: worker module {spec.worker} not found under {project.root}"
     argv = [project.python, "-m", spec.worker, "--config", relative_to_root(config_path, project.root), *spec.args(ctx)]
-    world = common.run.world_size if common is not None else 1
-    if spec.distributed and world > 1:
-        argv = [project.python, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
+    node_rank = 0
+    if common is not None and spec.distributed and common.run.world_size > 1:
+        try:
+            node_rank = node_rank_from_env(common.run.nnodes)
+        except ValueError as exc:
+            problem = problem or str(exc)
+        argv = [project.python, "-m", "torch.distributed.run",
+                *torchrun_args(common.run, re.sub(r"[^A-Za-z0-9_.-]", "-", f"align-{ctx.profile}-{ctx.task}")),
                 *argv[1:]]
     return Launch(
         task=ctx.task, profile=ctx.profile, root=project.root, runs=ctx.runs, run_dir=ctx.run_dir, receipt=ctx.receipt,
         argv=tuple(argv), file_dep=tuple(Path(p) for p in spec.file_dep(ctx)),
         targets=tuple(Path(p) for p in spec.targets(ctx)), config=text,
         code_digest=code_digest,
-        heavy=spec.heavy, common=common, problem=problem)
+        heavy=spec.heavy, common=common, problem=problem, node_rank=node_rank)
+
+
+NODE_RANK_ENV = "ALIGN_NODE_RANK"
+
+
+def node_rank_from_env(nnodes: int) -> int:
+    raw = os.environ.get(NODE_RANK_ENV, "0")
+    if not raw.isdigit() or int(raw) >= nnodes:
+        raise ValueError(f"{NODE_RANK_ENV}={raw!r}: expected an integer in [0, {nnodes}) ([run] nnodes = {nnodes})")
+    return int(raw)
+
+
+def torchrun_args(run, rdzv_id: str) -> list[str]:
+    """torchrun's launch flags for [run]: one node standalone, else c10d rendezvous (the id names the task, so the
+    nodes of one task meet and two tasks never do). NOTE: c10d numbers the ranks by its own order of the nodes, not
+    by ALIGN_NODE_RANK; nothing in align depends on which node holds global rank 0 (runs/ is shared)."""
+    if run.nnodes == 1:
+        return ["--standalone", f"--nproc-per-node={run.world_size}"]
+    return [f"--nnodes={run.nnodes}", f"--nproc-per-node={run.world_size // run.nnodes}", "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={run.rdzv_endpoint}", f"--rdzv-id={rdzv_id}", "--max-restarts=0"]
 
 
 def _fail(code: int, message: str) -> TaskFailed:
@@ -130,6 +159,8 @@ def execute(launch: Launch) -> TaskFailed | None:
     missing = [str(p) for p in launch.targets if not p.is_file()]
     if missing:
         return _fail(1, f"{launch.task}: worker exited 0 but did not publish {', '.join(missing)}")
+    if launch.node_rank != 0:  # one receipt per task: node 0's launcher writes it
+        return None
     write_receipt(launch.receipt, task=launch.task, profile=launch.profile, root=launch.root,
                   inputs=launch.file_dep, outputs=launch.targets, code_digest=launch.code_digest,
                   config_digest=sha256_bytes(launch.config.encode()), config=_resolved_config(launch),

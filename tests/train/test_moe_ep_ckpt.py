@@ -3,7 +3,8 @@
 The file an ep = 2 run writes is the one an ep = 1 run writes (every tensor's name and shape; values within fp32
 rounding of the run without EP), and it loads as an ordinary checkpoint. Resume: ep 2 -> 2 is bitwise the
 uninterrupted ep-2 run; ep 2 -> 1 and ep 1 -> 2 (the experts' Adam moments resharded) end within fp32 rounding of
-both uninterrupted runs, and each resumed run trained only steps 3 and 4."""
+both uninterrupted runs, and each resumed run trained only steps 3 and 4. SIGTERM on one rank inside step 3 stops
+both ranks (exit 143, a checkpoint written) and the resumed run is bitwise the uninterrupted ep-2 run."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from gloo_ranks import run_ranks  # noqa: E402
 
 pytestmark = pytest.mark.distributed
 WORKER = Path(__file__).parent / "moe_ep_ckpt_worker.py"
-RUNS = ("ep1", "ep2", "ep2_to_ep2", "ep2_to_ep1", "ep1_to_ep2")
+RUNS = ("ep1", "ep2", "ep2_to_ep2", "ep2_to_ep1", "ep1_to_ep2", "ep2_sigterm")
 
 
 @pytest.fixture(scope="module")
@@ -57,3 +58,12 @@ def test_resume_across_ep_values(out):
     for run in ("ep2_to_ep1", "ep1_to_ep2"):
         assert largest_difference(w[run], w["ep1"]) < 1e-6 and largest_difference(w[run], w["ep2"]) < 1e-6, run
         assert [r["step"] for r in read_history(out / run / "history.jsonl")] == [3, 4], run
+        assert (out / f"{run}_resumed_rank0.txt").read_text() == "step_2", run
+
+
+def test_sigterm_and_resume_is_bitwise_the_uninterrupted_run(out):
+    assert [(out / f"ep2_sigterm_exit_rank{r}.txt").read_text() for r in range(2)] == ["143", "143"]
+    w = {run: torch.load(out / f"{run}.pt", weights_only=True) for run in ("ep2", "ep2_sigterm")}
+    assert largest_difference(w["ep2_sigterm"], w["ep2"]) == 0.0
+    resumed = {(out / f"ep2_sigterm_resumed_rank{r}.txt").read_text() for r in range(2)}
+    assert resumed in ({"step_2"}, {"step_3"}), resumed  # the last file is the resumed run's

@@ -2,7 +2,7 @@
 
 One accumulation window (2 micro-batches of MoE SFT with the load-balance and z-loss terms on, a clip threshold
 the gradient exceeds) and one optimizer step through `build_train_module`, for each strategy (DDP fp64, FSDP2
-fp32), without and with `parallel.expert_parallel = ep`. Each rank writes <out>/ep<ep>_rank<r>.json: for each
+fp32, FSDP2 fp32 + activation checkpointing: the EP all-to-alls rerun inside backward), without and with `parallel.expert_parallel = ep`. Each rank writes <out>/ep<ep>_rank<r>.json: for each
 strategy the largest differences EP vs no EP of the finalized expert-shard gradients (against the same slice of
 the non-EP averaged gradient), of the replicated gradients, of every weight after the step, and both runs'
 grad_norm / clip_coef / norm of the expert gradients alone."""
@@ -30,7 +30,7 @@ from align.utils.dist import init_distributed, rank, world_size  # noqa: E402
 from moe_train_helpers import LB, Z, tiny_moe  # noqa: E402
 from train_helpers import sft_batch  # noqa: E402
 
-STRATEGIES = {"ddp": torch.float64, "fsdp": torch.float32}
+STRATEGIES = {"ddp": torch.float64, "fsdp": torch.float32, "fsdp_ac": torch.float32}  # name -> model dtype
 
 
 def local(t: torch.Tensor) -> torch.Tensor:
@@ -40,7 +40,8 @@ def local(t: torch.Tensor) -> torch.Tensor:
 def one_step(strategy: str, ep: int) -> dict:
     model = tiny_moe(dtype=STRATEGIES[strategy])
     cfg = TrainModuleConfig(optimizer=OptimizerConfig(lr=1e-2, max_grad_norm=0.05),
-                            parallel=ParallelConfig(strategy=strategy, expert_parallel=ep))
+                            parallel=ParallelConfig(strategy=strategy.removesuffix("_ac"), expert_parallel=ep,
+                                                    activation_checkpointing=strategy.endswith("_ac")))
     module = build_train_module(SftTrainModule, model, cfg, SftLossConfig(fused=False), 1,
                                 moe_aux=MoeAuxConfig(load_balance=LB, z_loss=Z), stage="sft")
     every = [[sft_batch(2, 10, seed=300 + 2 * r + i) for i in range(2)] for r in range(world_size())]

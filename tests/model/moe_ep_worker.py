@@ -9,7 +9,8 @@ expert shard has a gradient.
 
 cases: block (random router, a different token count per rank), adversarial (every token to the last EP rank's
 experts: the others receive zero rows), model (OlmoeForCausalLM, next-token CE summed over the local tokens),
-desync (one rank a forward call ahead: the error each rank raises)."""
+desync (one rank a forward call ahead: the error each rank raises), grouped (adversarial with the grouped_mm
+backend, fp32: its kernel has no fp64)."""
 
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ from moe_helpers import tiny_olmoe  # noqa: E402
 
 D, I, E, K = 16, 8, 8, 2
 DEVICE = torch.device("cpu")  # main() moves it to this rank's GPU under nccl
+DTYPE = {"loop": torch.float64, "grouped": torch.float32}  # grouped_mm has no fp64 kernel
 
 
 def worst(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -75,18 +77,19 @@ def grads_diff(model, ref, groups) -> dict:
     return out
 
 
-def run_block(groups, adversarial: bool) -> dict:
+def run_block(groups, adversarial: bool, backend: str = "loop") -> dict:
     torch.manual_seed(0)
-    ref = SparseMoeBlock(D, I, E, K, norm_topk_prob=False).double()
+    ref = SparseMoeBlock(D, I, E, K, norm_topk_prob=False, backend=backend).double()
     for m in (ref.gate, ref.experts):
         m.init_parameters(0.5)
-    ref.to(DEVICE)
+    ref.to(DEVICE, DTYPE[backend])
     if adversarial:
         rig_router(ref, groups.ep)
     block = apply_expert_parallel(copy.deepcopy(ref), groups)
     first_rank = groups.rank - groups.ep_rank
-    xs = [tokens_of(first_rank + p, adversarial) for p in range(groups.ep)]
-    probes = [torch.randn(x.shape, generator=torch.Generator().manual_seed(50 + i), dtype=torch.float64).to(DEVICE)
+    dtype = DTYPE[backend]
+    xs = [tokens_of(first_rank + p, adversarial).to(dtype) for p in range(groups.ep)]
+    probes = [torch.randn(x.shape, generator=torch.Generator().manual_seed(50 + i), dtype=torch.float64).to(DEVICE, dtype)
               for i, x in enumerate(xs)]
     sl = slice(sum(x.shape[0] for x in xs[:groups.ep_rank]), sum(x.shape[0] for x in xs[:groups.ep_rank + 1]))
     result = {}
@@ -109,7 +112,7 @@ def run_block(groups, adversarial: bool) -> dict:
             result["input_grad_expert_path"] = worst(mine.grad, everything.grad[sl])
             continue
         result.update({"out": worst(out, ref_out[sl]), "logits": worst(logits, ref_logits[sl]),
-                       "loss": abs(float(loss - ref_losses[groups.ep_rank])),
+                       "loss": abs(float((loss - ref_losses[groups.ep_rank]).detach())),
                        "input_grad": worst(mine.grad, everything.grad[sl]),
                        "received_rows": int(block.experts.received_rows)})
         result.update(grads_diff(block, ref, groups))
@@ -136,7 +139,7 @@ def run_model(groups) -> dict:
     pieces = ref_logits.split(2)
     ref_losses = [ce(lg, b) for lg, b in zip(pieces, batches)]
     sum(ref_losses[1:], ref_losses[0]).backward()
-    result = {"logits": worst(logits, pieces[groups.ep_rank]), "loss": abs(float(loss - ref_losses[groups.ep_rank])),
+    result = {"logits": worst(logits, pieces[groups.ep_rank]), "loss": abs(float((loss - ref_losses[groups.ep_rank]).detach())),
               "received_rows": sum(int(b.experts.received_rows) for _, b in moe_blocks(model))}
     result.update(grads_diff(model, ref, groups))
     return result
@@ -159,6 +162,7 @@ def run_desync(groups) -> dict:
 
 
 CASES = {"block": lambda g: run_block(g, False), "adversarial": lambda g: run_block(g, True), "model": run_model,
+         "grouped": lambda g: run_block(g, True, backend="grouped"),
          "desync": run_desync}
 
 

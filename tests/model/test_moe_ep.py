@@ -57,6 +57,17 @@ def test_adversarial_router_and_zero_row_ranks(tmp_path, world, ep):
         assert got[:-1] == [0] * (ep - 1) and got[-1] == 2 * sum(5 + 3 * r for r in range(g, g + ep))
 
 
+def test_grouped_backend_through_ep(tmp_path):
+    """The grouped_mm backend (fp32: it has no fp64 kernel) behind the all-to-all, adversarial routing: the same
+    exact checks; the router's gradient, a sum over ranks, within fp32 rounding of its magnitude (~20)."""
+    rows = results(tmp_path, 2, 2, "grouped")
+    for r, res in enumerate(rows):
+        for key in EXACT:
+            assert res[key] == 0.0, (r, key, res)
+        assert res["expert_grads_present"] and res["replicated_grads"] <= 1e-5, (r, res)
+    assert [res["received_rows"] for res in rows] == [0, 2 * (5 + 8)]
+
+
 @pytest.mark.parametrize("world", [2, pytest.param(4, marks=pytest.mark.slow)])
 def test_olmoe_model_equal_to_one_process(tmp_path, world):
     rows = results(tmp_path, world, world, "model")

@@ -329,17 +329,20 @@ class FusedDecoder:
         return self.linear(self.norm(norm, x), w)
 
     def qkv_proj(self, i: int, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden (N, D) -> the fused q, k, v projection (N, (H + 2 KVH) * Dh) of the normed hidden, no RoPE."""
-        return self.normed_linear(self.layers[i].input_layernorm, hidden, self.fused[i].wqkv)
+        """hidden (N, D) -> the fused q, k, v projection (N, (H + 2 KVH) * Dh) of the normed hidden, no RoPE; for
+        OLMoE with its QK-norm applied. NOTE: the runner's native path feeds this straight to the C RoPE + KV write
+        (model_runner.forward), so everything before RoPE must happen here, not in `qkv`."""
+        out = self.normed_linear(self.layers[i].input_layernorm, hidden, self.fused[i].wqkv)
+        if self.block.qk_norm:  # OLMoE: RMSNorm over the full q and k projections, before RoPE
+            a = self.layers[i].self_attn
+            q, k, v = out.split((self.q_dim, self.kv_dim, self.kv_dim), dim=1)
+            out = torch.cat([self.norm(a.q_norm, q), self.norm(a.k_norm, k), v], dim=1)
+        return out
 
     def qkv(self, i: int, hidden: torch.Tensor, rope) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """hidden (N, D) -> q (N, H, Dh), k (N, KVH, Dh), v (N, KVH, Dh); RoPE applied to q and k."""
         out = self.qkv_proj(i, hidden)  # (N, q + 2 kv)
         n = hidden.shape[0]
-        if self.block.qk_norm:  # OLMoE: RMSNorm over the full q and k projections, before RoPE
-            a = self.layers[i].self_attn
-            q, k, v = out.split((self.q_dim, self.kv_dim, self.kv_dim), dim=1)
-            out = torch.cat([self.norm(a.q_norm, q), self.norm(a.k_norm, k), v], dim=1)
         qk = apply_rope(out[:, :self.q_dim + self.kv_dim].view(n, self.heads, self.head_dim), *rope)
         q, k = qk.split((self.q_dim // self.head_dim, self.kv_dim // self.head_dim), dim=1)
         return q, k, out[:, self.q_dim + self.kv_dim:].view(n, -1, self.head_dim)

@@ -10,9 +10,10 @@ import copy
 import pytest
 import torch
 
+from align.inference import EngineConfig
 from align.inference.fused_layers import onednn_can_run
 from align.model.olmoe import set_router_dtype
-from inference_helpers import assert_batch_invariant
+from inference_helpers import assert_batch_invariant, assert_greedy_and_logprob_contracts
 from test_engine_olmoe import small_olmoe
 
 
@@ -42,3 +43,17 @@ def test_two_threads_native():
         assert_batch_invariant(copy.deepcopy(small_olmoe(seed=2)))
     finally:
         torch.set_num_threads(old)
+
+
+@pytest.mark.parametrize("cpu_kernels", ["native", "torch"])
+def test_the_native_attention_path_applies_qk_norm(cpu_kernels):
+    """Block size 16 (the default) takes the runner's native path, where RoPE and the KV write run in C on
+    `qkv_proj`'s output: greedy tokens must still be the model's and log-probs a full forward's (the QK-norm was
+    once applied only on the torch path, so the default engine decoded another model)."""
+    model = small_olmoe(seed=3)
+    with torch.no_grad():  # norms that differ from ones, so a skipped norm cannot pass for an applied one
+        for layer in model.model.layers:
+            layer.self_attn.q_norm.weight.uniform_(0.5, 1.5)
+            layer.self_attn.k_norm.weight.uniform_(0.5, 1.5)
+    assert_greedy_and_logprob_contracts(model, EngineConfig(num_blocks=64, max_num_seqs=3,
+                                                            max_num_batched_tokens=24, cpu_kernels=cpu_kernels))

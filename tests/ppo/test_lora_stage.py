@@ -106,6 +106,22 @@ def test_sft_with_lora_trains_only_adapters_and_publishes_the_merged_model(sft_r
     assert [r["step"] for r in read_history(run_dir / "history.jsonl")] == [1, 2, 3, 4]
 
 
+def test_sft_with_lora_and_inloop_eval_evaluates_the_merged_policy(sft_runs, tmp_path, monkeypatch):
+    runs, config = sft_runs
+    synced = []
+    real = MergedWeightsClient.update_weights
+    monkeypatch.setattr(MergedWeightsClient, "update_weights",
+                        lambda self, sd, version=None: synced.append(len(sd)) or real(self, sd, version))
+    if not (runs / "shards" / "eval" / "out" / "manifest.json").is_file():
+        prompt_shards(tmp_path, runs / "shards" / "eval" / "out", 3)
+    run_dir = tmp_path / "sft_inloop"
+    inloop = ("inloop_eval.every=2", "inloop_eval.rows=2", "inloop_eval.max_new_tokens=4", 'inloop_eval.solutions=""')
+    assert run_worker("align.stages.sft", config, runs, run_dir, *SFT_FAST, *inloop) == 0
+    rows = read_history(run_dir / "history.jsonl")
+    evaluated = [r["step"] for r in rows if isinstance(r.get("eval/accuracy"), float) and r["eval/accuracy"] >= 0]
+    assert evaluated == [2, 4] and len(synced) == 2  # each evaluation first pushed the merged training weights
+
+
 def test_lora_sft_resume_is_bitwise_equal_to_an_uninterrupted_run(sft_runs, tmp_path):
     runs, config = sft_runs
     whole, parts = tmp_path / "whole", tmp_path / "parts"

@@ -126,8 +126,11 @@ def test_lora_sft_resume_is_bitwise_equal_to_an_uninterrupted_run(sft_runs, tmp_
     runs, config = sft_runs
     whole, parts = tmp_path / "whole", tmp_path / "parts"
     assert run_worker("align.stages.sft", config, runs, whole, *SFT_FAST) == 0
-    assert run_worker("align.stages.sft", config, runs, parts, *SFT_FAST, "train.max_steps=2") == 0
-    assert run_worker("align.stages.sft", config, runs, parts, *SFT_FAST) == 0  # resumes step_2's adapters
+    # a wall budget of 0 s stops after step 1 with a checkpoint (exit 82); a smaller max_steps would be another run
+    assert run_worker("align.stages.sft", config, runs, parts, *SFT_FAST, "train.max_wall_seconds=0") == 82
+    assert [c.name for c in (parts / "checkpoints").glob("step_*")] == ["step_1"]
+    assert run_worker("align.stages.sft", config, runs, parts, *SFT_FAST) == 0  # resumes step_1's adapters
+    assert not (parts / "checkpoints.superseded").exists()  # it did resume
     for name in ("model.safetensors", "adapter/adapter_model.safetensors"):
         a, b = load_file(str(whole / "final" / name)), load_file(str(parts / "final" / name))
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
@@ -186,6 +189,7 @@ def test_grpo_with_lora_pushes_merged_weights_and_publishes_the_merged_policy(tm
     # pushes the restored weights to the sampler (GrpoTrainModule.load_state_dict)
     assert run_worker("align.stages.grpo", config, runs, run_dir, "train.max_wall_seconds=0") == 82
     assert run_worker("align.stages.grpo", config, runs, run_dir) == 0
+    assert not (run_dir / "checkpoints.superseded").exists()  # it did resume
     assert pushed and all(any("lora_A" in k for k in keys) for keys in pushed)  # a LoRA policy's state ...
     final = load_file(str(run_dir / "final" / "model.safetensors"))  # ... and a plain published checkpoint
     start = load_file(str(runs / "dpo_checkpoint" / "final" / "model.safetensors"))

@@ -93,8 +93,12 @@ def test_transformers_loads_the_published_critic_with_equal_scores(runs):
 def test_resume_is_bitwise_equal_to_an_uninterrupted_run(runs):
     whole, parts = runs / "rm_whole", runs / "rm_parts"
     assert _rm(runs, whole, "train.max_steps=4", "train.checkpoint_every=2") == 0
-    assert _rm(runs, parts, "train.max_steps=2", "train.checkpoint_every=2") == 0
-    assert _rm(runs, parts, "train.max_steps=4", "train.checkpoint_every=2") == 0  # resumes from step_2
+    # NOTE: a wall budget stops the run (not a smaller max_steps, which is part of the run identity: the rerun would
+    # train afresh and the test would not test resume): 0 s stops after step 1 with a checkpoint, exit 82
+    assert _rm(runs, parts, "train.max_steps=4", "train.checkpoint_every=2", "train.max_wall_seconds=0") == 82
+    assert [c.name for c in (parts / "checkpoints").glob("step_*")] == ["step_1"]
+    assert _rm(runs, parts, "train.max_steps=4", "train.checkpoint_every=2") == 0  # resumes from step_1
+    assert not (parts / "checkpoints.superseded").exists()  # it did resume
     a, b = load_file(str(whole / "final" / "model.safetensors")), load_file(str(parts / "final" / "model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     ma, mb = (json.loads((d / "metrics.json").read_text()) for d in (whole, parts))

@@ -30,7 +30,11 @@ MARCH_ENV = "ALIGN_NATIVE_MARCH"  # e.g. x86-64-v3: build for a narrower ISA tha
 
 
 def flags() -> tuple[str, ...]:
-    return ("-O3", f"-march={os.environ.get(MARCH_ENV) or 'native'}", "-std=gnu11", "-fPIC", "-shared", "-pthread")
+    # -mtune=generic: the kernels write a*b + c and rely on GCC contracting it into an FMA; which ones it contracts
+    # follows the tuning target, so -march=native's own tuning (znver3 on an AMD EPYC) gave 1-ulp different fp32
+    # attention from an x86-64-v3 build on the same CPU. With one tuning everywhere the bits depend on the ISA alone.
+    return ("-O3", f"-march={os.environ.get(MARCH_ENV) or 'native'}", "-mtune=generic", "-std=gnu11", "-fPIC",
+            "-shared", "-pthread")
 
 I64, PTR, F32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float  # the kernels' argument types
 Signatures = dict[str, tuple[list[Any], Any]]  # C function -> (argtypes, restype)

@@ -11,12 +11,16 @@ import pytest
 import torch
 
 from align.inference import Engine, EngineConfig, GenerationRequest, SamplingParams
-from align.inference.fused_layers import native_unsupported
+from align.inference.fused_layers import native_unsupported, onednn_can_run
 from inference_helpers import (assert_batch_invariant, assert_greedy_and_logprob_contracts, full_forward_logits,
                                naive_greedy, random_prompts, small_model)
 
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
 ONEDNN = EngineConfig(linear_kernel="onednn")
+# oneDNN's bf16 path needs AVX-512 (BW/VL/DQ) or AVX-NE-CONVERT: an AVX2-only host (e.g. AMD Zen 3) has none
+ONEDNN_BF16 = onednn_can_run(torch.ones(1, dtype=torch.bfloat16))
+needs_onednn_bf16 = pytest.mark.skipif(not ONEDNN_BF16, reason="oneDNN has no bf16 path on this CPU")
+BF16_KERNEL = ONEDNN if ONEDNN_BF16 else EngineConfig(linear_kernel="torch")  # what "auto" picks for bf16
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +47,7 @@ def test_onednn_head_agrees_with_the_model_kernel_up_to_the_last_bits():
 
 @pytest.mark.parametrize("threads", [1, pytest.param(2, marks=pytest.mark.slow)])  # slow: see test_engine.py
 @pytest.mark.parametrize("dtype,kernel", [(torch.float32, "torch"), (torch.bfloat16, "torch"),
-                                          (torch.bfloat16, "onednn")])  # fp32 "onednn" = the default: test_engine
+                                          pytest.param(torch.bfloat16, "onednn", marks=needs_onednn_bf16)])  # fp32 "onednn" = the default: test_engine
 def test_bitwise_batch_invariance_holds_for_every_kernel_and_dtype(model, dtype, kernel, threads):
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -56,7 +60,7 @@ def test_bitwise_batch_invariance_holds_for_every_kernel_and_dtype(model, dtype,
 def test_bf16_logprobs_are_computed_in_fp32_close_to_the_bf16_model():
     bf16 = small_model().to(torch.bfloat16)
     prompt = random_prompts([21], bf16.config.vocab_size, seed=2)[0]
-    (r,) = Engine(bf16, ONEDNN).generate([GenerationRequest(prompt, SamplingParams(0.7, max_new_tokens=16), seed=3)])
+    (r,) = Engine(bf16, BF16_KERNEL).generate([GenerationRequest(prompt, SamplingParams(0.7, max_new_tokens=16), seed=3)])
     logits = full_forward_logits(bf16, prompt, r.token_ids)  # bf16 forward, fp32 log-softmax
     tok = torch.tensor(r.token_ids)[:, None]
     # bf16 layers sum in another order than the model's forward: a few bf16 ulps of the logits (~2^-8 relative)
@@ -88,7 +92,7 @@ def test_bad_kernel_settings_are_named(model):
 def test_auto_picks_native_then_onednn_where_they_run_and_the_model_kernel_elsewhere():
     kernel = lambda m: Engine(m, EngineConfig(num_blocks=4)).linear_kernel  # noqa: E731
     assert kernel(small_model()) == ("native" if native_unsupported(torch.ones(1)) is None else "onednn")
-    assert kernel(small_model().to(torch.bfloat16)) == "onednn"
+    assert kernel(small_model().to(torch.bfloat16)) == ("onednn" if ONEDNN_BF16 else "torch")
     half = small_model().to(torch.float16)  # oneDNN packs no fp16 weights here: the model's own F.linear
     assert kernel(half) == "torch"
     prompt = random_prompts([7], half.config.vocab_size, seed=4)[0]

@@ -8,6 +8,7 @@ from typing import Literal
 
 from align.eval.inloop_config import InLoopEvalConfig
 from align.ppo.gae import GaeConfig
+from align.ppo.lora import LoraConfig
 from align.ppo.loss import PpoLossConfig
 from align.profile import CommonConfig
 from align.rl.canary import CanaryConfig
@@ -78,6 +79,7 @@ class PpoStageConfig(CommonConfig):
     critic_optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)  # the critic's (constant lr)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)  # the policy's schedule
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    lora: LoraConfig | None = None  # [lora] (align.ppo.lora_stage): the policy trains adapters, the critic does not
 
     def __post_init__(self):
         if self.reward.kl_coef > 0:

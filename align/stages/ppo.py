@@ -9,7 +9,9 @@ own copy of the weights, updated in memory after every applied policy step (alig
 metrics are GRPO's (align.rl.report.heldout_receipt: held-out greedy accuracy before and after, per level, the
 paired interval, the reward curve). Publishes `<run_dir>/final/` (the policy, HF format) and `<run_dir>/critic/`
 (the value model, HF MistralForSequenceClassification layout). Resumes from `<run_dir>/checkpoints/` like every
-Trainer stage (the critic and its optimizer ride in the module's extra state). One process."""
+Trainer stage (the critic and its optimizer ride in the module's extra state). One process. `[lora]` as in GRPO
+(align.ppo.lora_stage): the policy trains adapters, the sampler gets merged weights, final/ is the merged model; the
+critic trains in full."""
 
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ from align.model.checkpoint import DTYPES, checkpoint_content_hash, load_checkpo
     tokenizer_dir_for
 from align.model.mistral import MistralForValueHead
 from align.ppo.batch_source import PpoBatchSource
+from align.ppo.lora_stage import MergedWeightsClient, maybe_lora, publish_final
 from align.ppo.module import PpoTrainModule
 from align.ppo.rewards import reward_model_scorer
 from align.ppo.stage_config import PpoStageConfig
@@ -61,8 +64,9 @@ def main() -> int:
     heldout = ShardSet.open(runs / cfg.data.eval, kind="prompts", tokenizer_hash=tok.content_hash)
     client = make_rollout_client(cfg.rollout, load_checkpoint(start, dtype=DTYPES[cfg.data.engine_dtype],
                                                                device=device()))
+    client = MergedWeightsClient(client, cfg.lora) if cfg.lora is not None else client  # pushes merged weights
     dtype = DTYPES[cfg.data.model_dtype]
-    module = PpoTrainModule(load_checkpoint(start, dtype=dtype, device=device()),
+    module = PpoTrainModule(maybe_lora(load_checkpoint(start, dtype=dtype, device=device()), cfg.lora, "ppo"),
                             critic_from_policy(start, seed=cfg.run.seed, dtype=dtype, device=device()),
                             TrainModuleConfig(cfg.optimizer, cfg.scheduler, cfg.parallel), cfg.critic_optimizer,
                             cfg.loss, cfg.ppo, cfg.shape.temperature, cfg.train.max_steps, seed=cfg.run.seed,
@@ -103,7 +107,8 @@ def main() -> int:
         print(f"ppo: held-out greedy accuracy {before['pass@1']:.3f} -> {after['pass@1']:.3f}; reward "
               f"{metrics['reward_first']:.3f} -> {metrics['reward_last']:.3f}")
         save_checkpoint(module.critic, run_dir / "critic")
-    trainer.publish_final(run_dir / "final", tokenizer_dir=tokenizer_dir_for(start), inputs=inputs)
+    publish_final(trainer, cfg.lora, run_dir / "final", tokenizer_dir=tokenizer_dir_for(start),
+                  inputs=inputs)  # collective; with [lora] the merged policy (+ final/adapter/)
     return 0
 
 

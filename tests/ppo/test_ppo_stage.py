@@ -128,3 +128,20 @@ def test_task_depends_on_the_reward_model_only_when_named(tmp_path):
     (layout.configs / "ppo.toml").write_text('[reward]\nmodel = "rm_checkpoint/final"\n')
     assert STAGE.file_dep(ctx)[-1] == layout.runs / "rm_checkpoint/final/manifest.json"
     assert STAGE.extra and STAGE.optional
+
+
+def test_stage_with_lora_trains_adapters_and_publishes_the_merged_policy(tmp_path, monkeypatch):
+    import torch
+    from safetensors.torch import load_file
+
+    runs, config = setup(tmp_path)
+    config.write_text(config.read_text() + '\n[lora]\nrank = 4\nalpha = 8.0\ntarget_modules = ["q_proj", "v_proj"]\n')
+    run_dir = runs / "lora"
+    assert run_worker(monkeypatch, runs, config, run_dir) == 0  # 2 critic-only steps, then 2 with the adapters
+    final = load_file(str(run_dir / "final" / "model.safetensors"))
+    start = load_file(str(runs / "dpo_checkpoint" / "final" / "model.safetensors"))
+    assert final.keys() == start.keys()  # an ordinary (merged) checkpoint
+    moved = {k for k in final if not torch.equal(final[k], start[k])}
+    assert moved and all(k.endswith(("q_proj.weight", "v_proj.weight")) for k in moved), sorted(moved)[:4]
+    critic = load_file(str(run_dir / "critic" / "model.safetensors"))
+    assert any(not torch.equal(critic[k], start[k]) for k in critic if k in start and "embed" not in k)

@@ -42,7 +42,8 @@ def _matplotlib_available() -> bool:
 
 
 def report_task(project: Project, profile: str, runnable: Sequence[dict]) -> dict:
-    """`runnable`: the ladder's task dicts that can run; their receipts are the report's inputs."""
+    """`runnable`: the ladder's default task dicts (no extra rung) that can run; their receipts are the report's
+    inputs. The page also sums up every other receipt present (an extra rung built by name)."""
     from pipeline.tasks import task_name
 
     layout = Layout(project, profile)

@@ -241,6 +241,8 @@ def test_extra_rung_is_built_only_when_named(toy):
     assert "ppo_checkpoint" in doit(toy, "list", env_extra=env).stdout
     res = doit(toy, env_extra=env)
     assert res.returncode == 0 and calls(toy) == ["ingest", "shards"], res.stdout + res.stderr
+    res = doit(toy, "report", env_extra=env)  # the report sums up what is built; it builds no extra rung
+    assert res.returncode == 0 and calls(toy) == ["ingest", "shards"], res.stdout + res.stderr
     res = doit(toy, "ppo_checkpoint", env_extra=env)
     assert res.returncode == 0 and calls(toy) == ["ingest", "shards", "shards"], res.stdout + res.stderr  # its worker
     assert (toy / "runs/toy/ppo_checkpoint/out/manifest.json").is_file()

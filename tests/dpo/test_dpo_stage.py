@@ -85,8 +85,12 @@ def test_a_cache_with_another_key_is_refused(runs, capsys):
 def test_resume_is_bitwise_equal_to_an_uninterrupted_run(runs):
     whole, parts = runs / "dpo_whole", runs / "dpo_parts"
     assert _dpo(runs, whole) == 0
-    assert _dpo(runs, parts, "train.max_steps=2") == 0
-    assert _dpo(runs, parts) == 0  # resumes from checkpoints/step_2 and trains steps 3-4
+    # a 0 s wall budget stops after step 1 with a checkpoint (exit 82); a smaller train.max_steps would be another
+    # run's identity, so the second call would train from scratch instead of resuming
+    assert _dpo(runs, parts, "train.max_wall_seconds=0") == 82
+    assert [c.name for c in (parts / "checkpoints").glob("step_*")] == ["step_1"]
+    assert _dpo(runs, parts) == 0  # resumes from checkpoints/step_1 and trains steps 2-4
+    assert not (parts / "checkpoints.superseded").exists()  # it did resume
     a, b = load_file(str(whole / "final" / "model.safetensors")), load_file(str(parts / "final" / "model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert [r["step"] for r in read_history(parts / "history.jsonl")] == [1, 2, 3, 4]

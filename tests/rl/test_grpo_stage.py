@@ -38,6 +38,10 @@ def test_stage_publishes_and_resumes_bit_exactly(tmp_path, monkeypatch):
     assert (whole / "final" / "manifest.json").is_file()
 
     split = runs / "split"  # stopped after 1 step (mid-rollout: 2 windows per rollout), then resumed to 3
-    assert run_worker(monkeypatch, runs, config, split, "train.max_steps=1") == 0
+    # by a 0 s wall budget (exit 82, checkpoint at step 1): a smaller train.max_steps would be another run's
+    # identity, and the second call would train from scratch instead of resuming
+    assert run_worker(monkeypatch, runs, config, split, "train.max_wall_seconds=0") == 82
+    assert [c.name for c in (split / "checkpoints").glob("step_*")] == ["step_1"]
     assert run_worker(monkeypatch, runs, config, split) == 0
+    assert not (split / "checkpoints.superseded").exists()  # it did resume
     assert checkpoint_content_hash(split / "final") == checkpoint_content_hash(whole / "final")

@@ -28,10 +28,15 @@ from pipeline.layout import Layout, Project
 REPORT = "report"
 RUNGS = ("sft", "dpo", "grpo")
 INLOOP = ("eval/accuracy", "eval/nll")  # align.eval.inloop's columns (NaN between evaluations)
-CURVES = {  # training rung -> history columns worth a curve (those present are drawn)
-    "sft_checkpoint": ("loss", *INLOOP),
-    "dpo_checkpoint": ("loss", "rewards/margin", "rewards/accuracy", *INLOOP),
-    "grpo_checkpoint": ("loss", "reward_mean", *INLOOP),
+# align.train.moe_module's router telemetry: only an MoE policy's history has them, so a dense ladder draws none
+MOE = ("moe/lb_loss", "moe/max_vio", "moe/frac_dead", "moe/router_entropy")
+CURVES = {  # training rung -> history columns worth a curve (those present are drawn), ladder order
+    "pretrain_checkpoint": ("loss", "heldout_nll", *MOE),
+    "sft_checkpoint": ("loss", *INLOOP, *MOE),
+    "dpo_checkpoint": ("loss", "rewards/margin", "rewards/accuracy", *INLOOP, *MOE),
+    "rm_checkpoint": ("loss", "rewards/accuracy", "rewards/margin"),
+    "grpo_checkpoint": ("loss", "reward_mean", *INLOOP, *MOE),
+    "ppo_checkpoint": ("loss", "reward_mean", "value_loss", "explained_variance", *INLOOP, *MOE),
 }
 
 
@@ -108,6 +113,17 @@ def inloop_lines(layout: Layout) -> list[str]:
         if acc:
             points = ", ".join(f"{step}: {a:.3f}/{nll.get(step, math.nan):.3f}" for step, a in sorted(acc.items()))
             lines.append(f"{stage} (step: accuracy/nll) {points}")
+    return lines
+
+
+def moe_lines(layout: Layout) -> list[str]:
+    """One line per MoE training rung: its router telemetry at the last step that logged it."""
+    lines = []
+    for stage, series in curves(layout).items():
+        last = {c: series[c][-1] for c in MOE if c in series}
+        if last:
+            step = max(s for s, _ in last.values())
+            lines.append(f"{stage} moe at step {step}: " + ", ".join(f"{c[4:]} {v:.4g}" for c, (_, v) in last.items()))
     return lines
 
 
@@ -201,7 +217,7 @@ def render(layout: Layout) -> list[Path]:
     text = f"align ladder, profile {layout.profile}\n\n{text_table(acc)}\n\n"
     levels = level_table(receipts)
     text += f"{text_table(levels)}\n\n" if levels else ""
-    extra = [line for line in (grpo_gain_line(receipts), *inloop_lines(layout)) if line]
+    extra = [line for line in (grpo_gain_line(receipts), *inloop_lines(layout), *moe_lines(layout)) if line]
     text += "\n".join(extra) + "\n\n" if extra else ""
     text += f"{text_table(timing)}\n"
     written = []

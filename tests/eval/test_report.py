@@ -61,3 +61,21 @@ def test_the_report_action_keeps_doits_contract(layout, monkeypatch):
     assert func(*args) is None  # doit fails a python-action that returns anything but None/True/str/dict
     assert spec["targets"] == [str(layout.runs / "report" / "report.txt")]
     assert (layout.runs / "report" / "report.txt").is_file()
+
+
+def test_an_moe_rungs_router_telemetry_is_drawn_and_summed_up(layout, monkeypatch):
+    """An OLMoE policy's history carries align.train.moe_module's columns (NaN before the first window): the report
+    draws them beside the loss and prints their last values; a dense rung (sft here) gets no moe line."""
+    nan = float("nan")
+    rows = [{"step": 1, "loss": 2.0, "moe/lb_loss": nan, "moe/max_vio": nan},
+            {"step": 2, "loss": 1.5, "moe/lb_loss": 1.25, "moe/max_vio": 0.5, "moe/frac_dead": 0.0},
+            {"step": 3, "loss": 1.0, "moe/lb_loss": 1.0625, "moe/max_vio": 0.25, "moe/frac_dead": 0.125}]
+    history = layout.stage_dir("dpo_checkpoint") / "history.jsonl"
+    history.parent.mkdir(parents=True)
+    history.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    series = report.curves(layout)["dpo_checkpoint"]
+    assert series["moe/lb_loss"] == [(2, 1.25), (3, 1.0625)] and series["moe/frac_dead"] == [(2, 0.0), (3, 0.125)]
+    monkeypatch.setattr(report, "_matplotlib_available", lambda: False)
+    text = report.render(layout)[0].read_text()
+    assert "dpo_checkpoint moe at step 3: lb_loss 1.062, max_vio 0.25, frac_dead 0.125" in text
+    assert "sft_checkpoint moe" not in text

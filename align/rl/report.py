@@ -39,7 +39,7 @@ def heldout_receipt(rows: int, before: dict, after: dict, start_checkpoint: str,
                     history: str | os.PathLike) -> dict:
     """An RL stage's metrics.json (the receipt's metrics): held-out greedy accuracy of the start and of the result
     (align.rl.canary.evaluate's dicts), per level, the paired gain with its interval, stop rates, the start
-    checkpoint's hash and the reward curve above. The PPO stage's; GRPO's worker builds the same keys inline."""
+    checkpoint's hash and the reward curve above. The GRPO and PPO stages' receipt."""
     return {"heldout_rows": rows, "start_accuracy": before["pass@1"], "accuracy": after["pass@1"],
             "accuracy_gain": after["pass@1"] - before["pass@1"],
             "start_accuracy_by_level": before["pass@1_by_group"], "accuracy_by_level": after["pass@1_by_group"],

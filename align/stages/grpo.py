@@ -26,10 +26,10 @@ from align.model.checkpoint import DTYPES, checkpoint_content_hash, load_checkpo
 from align.ppo.lora import LoraConfig
 from align.ppo.lora_stage import MergedWeightsClient, maybe_lora, publish_final
 from align.rl.batch_source import GrpoBatchSource, PromptSet
-from align.rl.canary import Canary, evaluate, paired_gain
+from align.rl.canary import Canary, evaluate
 from align.rl.curriculum import PromptCurriculum
 from align.rl.grpo_module import GrpoTrainModule
-from align.rl.report import reward_curve
+from align.rl.report import heldout_receipt
 from align.rl.rewards import CompositeReward
 from align.rl.stage_config import GrpoStageConfig
 from align.rl.token_logprobs import completion_logprobs
@@ -110,12 +110,7 @@ def main() -> int:
         return code
     after = evaluate(client, task, rows, cfg.data.eval_max_new_tokens)
     if is_rank0():
-        metrics = {"heldout_rows": len(rows), "start_accuracy": before["pass@1"], "accuracy": after["pass@1"],
-                   "accuracy_gain": after["pass@1"] - before["pass@1"],
-                   "start_accuracy_by_level": before["pass@1_by_group"],
-                   "accuracy_by_level": after["pass@1_by_group"], **paired_gain(before, after), "start_stop_rate": before["stop_rate"],
-                   "stop_rate": after["stop_rate"], "start_checkpoint": checkpoint_content_hash(start),
-                   **reward_curve(run_dir / "history.jsonl")}
+        metrics = heldout_receipt(len(rows), before, after, checkpoint_content_hash(start), run_dir / "history.jsonl")
         atomic_write_json(run_dir / "metrics.json", metrics)
         print(f"grpo: held-out greedy accuracy {before['pass@1']:.3f} -> {after['pass@1']:.3f}; reward "
               f"{metrics['reward_first']:.3f} -> {metrics['reward_last']:.3f}")

@@ -6,9 +6,10 @@ Per rollout (this rank's share: P / world_size prompts x G samples):
     2. every result's weight version must equal the policy's current version (the engine must sample from what is
        being trained; a mismatch is a bug in the weight push and raises)
     3. rewards (align.rl.rewards.CompositeReward); a group with an invalid sample (unreadable gold, sampler error) is
-       dropped; with dynamic sampling a group whose rewards are all equal is dropped too, and fresh prompts top the
-       rollout up, for at most `max_rounds` more rounds; still short, the dropped groups fill the gap (their
-       advantages are 0: they add no gradient, but every rank keeps the same number of micro-batches)
+       dropped; with dynamic sampling a group whose rewards are all equal is dropped too (and one solved more often
+       than `max_pass_rate`), and fresh prompts top the rollout up, for at most `max_rounds` more rounds; still
+       short, the dropped groups fill the gap, too-easy ones first (a zero-variance group's advantages are 0: it
+       adds no gradient, but every rank keeps the same number of micro-batches)
        (`rollout/reward_sum` / `rollout/samples` count every valid group generated, kept or dropped: the policy's
        reward on fresh prompts, unbiased by the filter, which the receipt's reward curve reads)
     4. the reference's log-probs when the loss or the reward has a KL term; advantages per group
@@ -43,7 +44,8 @@ from align.rollout.protocol import RolloutClient, RolloutRequest
 
 STATE_VERSION = 1
 STAT_KEYS = ("rollout/gen_s", "rollout/score_s", "rollout/gen_tokens", "rollout/groups_generated",
-             "rollout/groups_kept", "rollout/groups_zero_var", "rollout/groups_filled", "rollout/groups_invalid",
+             "rollout/groups_kept", "rollout/groups_zero_var", "rollout/groups_easy", "rollout/groups_filled",
+             "rollout/groups_invalid",
              "rollout/rounds", "rollout/refused_windows", "rollout/ranks", "rollout/reward_sum",
              "rollout/samples")
 MAX_FILL_ROUNDS = 50  # bound on extra rounds when too few groups are valid at all (unreadable golds everywhere)
@@ -144,16 +146,18 @@ class GrpoBatchSource:
 
     # ------------------------------------------------------------------------------------------------ sampling
     def _sample_groups(self) -> tuple[list[Group], dict[str, float]]:
-        need, kept, dropped = self.local_prompts, [], []
-        counts = dict.fromkeys(("rollout/groups_generated", "rollout/groups_zero_var", "rollout/groups_invalid",
+        need, kept, easy, dropped = self.local_prompts, [], [], []
+        counts = dict.fromkeys(("rollout/groups_generated", "rollout/groups_zero_var", "rollout/groups_easy",
+                                "rollout/groups_invalid",
                                 "rollout/gen_tokens", "rollout/reward_sum", "rollout/samples"), 0.0)
         rounds = 0
         while len(kept) < need:
             filtering = self.dynamic.enabled and rounds <= self.dynamic.max_rounds
-            if not filtering and len(kept) + len(dropped) >= need:
+            if not filtering and len(kept) + len(easy) + len(dropped) >= need:
                 break
             if rounds > self.dynamic.max_rounds + MAX_FILL_ROUNDS:
-                raise DataError(f"GRPO rollout {self.rollouts}: only {len(kept) + len(dropped)} of {need} prompt "
+                have = len(kept) + len(easy) + len(dropped)
+                raise DataError(f"GRPO rollout {self.rollouts}: only {have} of {need} prompt "
                                 f"groups were valid after {rounds} rounds (unreadable gold answers or sampler errors)")
             for g in self._generate(self.curriculum.take(need - len(kept)), rounds):
                 counts["rollout/groups_generated"] += 1
@@ -167,13 +171,16 @@ class GrpoBatchSource:
                 elif filtering and bool(zero_variance(torch.tensor([g.totals]))[0]):
                     counts["rollout/groups_zero_var"] += 1
                     dropped.append(g)
+                elif filtering and g.pass_rate > self.dynamic.max_pass_rate:
+                    counts["rollout/groups_easy"] += 1
+                    easy.append(g)
                 else:
                     kept.append(g)
             rounds += 1
         fill = max(0, need - len(kept))
         counts.update({"rollout/groups_kept": float(len(kept)), "rollout/groups_filled": float(fill),
                        "rollout/rounds": float(rounds)})
-        return kept + dropped[:fill], counts
+        return kept + (easy + dropped)[:fill], counts  # an easy group still has a gradient: it fills first
 
     def _generate(self, rows: list[int], round_: int) -> list[Group]:
         requests = [RolloutRequest(self.prompts.ids(row), self.shape.samples, self.params,

@@ -80,10 +80,16 @@ class DynamicSamplingConfig:
 
     enabled: bool = True  # drop zero-variance groups and top up with fresh prompts
     max_rounds: int = 3  # top-up rounds after the first (the retry budget); short after it: fill with dropped groups
+    # Also drop groups the policy solves more often than this (1.0: only all-correct ones). Why: a prompt whose
+    # greedy answer is already right mostly teaches the sampler to agree with it (sampled pass@1 rises, greedy
+    # accuracy does not); the prompts solved at most half the time are those whose likeliest answer may be wrong.
+    max_pass_rate: float = 1.0
 
     def __post_init__(self):
         if self.max_rounds < 0:
             raise ValueError(f"DynamicSamplingConfig.max_rounds must be >= 0, got {self.max_rounds}")
+        if not 0.0 < self.max_pass_rate <= 1.0:
+            raise ValueError(f"DynamicSamplingConfig.max_pass_rate must be in (0, 1], got {self.max_pass_rate}")
 
 
 @dataclass(frozen=True)

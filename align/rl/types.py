@@ -61,3 +61,8 @@ class Group:
     @property
     def all_correct(self) -> bool:
         return all(s.reward.correct for s in self.samples)
+
+    @property
+    def pass_rate(self) -> float:
+        """Share of the G samples the verifier judged correct."""
+        return sum(bool(s.reward.correct) for s in self.samples) / len(self.samples)

@@ -131,3 +131,27 @@ def test_epochs_pass_over_the_rollout_again_in_a_fresh_order():
         assert "old_from_forward" not in w[0]
         assert torch.allclose(w[0]["old_logprobs"] * m, w[0]["rollout_logprobs"] * m, atol=1e-4)
     assert shape.staleness_bound == 3
+
+
+def _right_by_text(text, gold):  # about half the samples right, decided by the text alone (so deterministic)
+    right = sum(map(ord, text)) % 2 == 0
+    return RewardResult(1.0 if right else 0.0, True, text, "correct" if right else "wrong")
+
+
+def test_max_pass_rate_drops_groups_solved_too_often_and_they_fill_first():
+    module, client, source = setup(dynamic=DynamicSamplingConfig(enabled=True, max_rounds=3, max_pass_rate=0.5))
+    source.reward.verifier = _right_by_text
+    groups, s = source._sample_groups()
+    kept, easy, zero_var, filled = (int(s[f"rollout/groups_{k}"]) for k in ("kept", "easy", "zero_var", "filled"))
+    assert s["rollout/groups_generated"] == kept + easy + zero_var + s["rollout/groups_invalid"]
+    assert easy >= 1 and kept + filled == len(groups) == 4, s  # the text rule solves some groups 3-4 times in 4
+    assert all(g.pass_rate <= 0.5 and not g.all_correct for g in groups[:kept])  # kept: the hard ones
+    fill = groups[kept:]
+    assert all(0.5 < g.pass_rate < 1.0 for g in fill[:easy])  # too-easy groups (a gradient) fill first
+
+    module, client, source = setup(dynamic=DynamicSamplingConfig(enabled=True, max_rounds=3))  # default 1.0
+    source.reward.verifier = _right_by_text
+    groups, s = source._sample_groups()
+    assert s["rollout/groups_easy"] == 0 and any(0.5 < g.pass_rate < 1.0 for g in groups)
+    with pytest.raises(ValueError, match="max_pass_rate must be in"):
+        DynamicSamplingConfig(max_pass_rate=0.0)

@@ -43,7 +43,7 @@ from align.train.parallel import ParallelConfig
 from align.train.probes import ProbeConfig, Tripwires
 from align.train.ref_cache import length_sorted_rows
 from align.train.rm_loss import RmLossConfig
-from align.train.rm_module import RmTrainModule, critic_from_policy, reward_eval
+from align.train.rm_module import RmHeadConfig, RmTrainModule, critic_from_policy, reward_eval
 from align.train.schedulers import SchedulerConfig
 from align.train.train_module import TrainModuleConfig
 from align.train.trainer import Trainer, TrainerConfig
@@ -84,6 +84,7 @@ class RmStageConfig(CommonConfig):
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)  # the shards' tokenizer (identity check)
     loader: LoaderConfig = field(default_factory=LoaderConfig)
     loss: RmLossConfig = field(default_factory=RmLossConfig)
+    head: RmHeadConfig = field(default_factory=RmHeadConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
@@ -130,7 +131,7 @@ def main() -> int:
     if critic.config.pad_token_id is None and is_rank0():
         print(f"rm: WARNING {init} has no pad_token_id: transformers' SequenceClassification refuses batches > 1")
     module_cfg = TrainModuleConfig(optimizer=cfg.optimizer, scheduler=cfg.scheduler, parallel=cfg.parallel)
-    module = RmTrainModule(critic, module_cfg, cfg.loss, cfg.train.max_steps, seed=cfg.run.seed)
+    module = RmTrainModule(critic, module_cfg, cfg.loss, cfg.train.max_steps, seed=cfg.run.seed, head=cfg.head)
     loader = BatchLoader(RowSubset(shards, train_rows), cfg.loader, seed=cfg.run.seed)
     n_params = sum(p.numel() for p in critic.parameters())
     tripwires = Tripwires(cfg.probes, list(module.model.parameters()), critic.config.vocab_size)

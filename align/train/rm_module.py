@@ -89,13 +89,48 @@ def critic_from_policy(policy_dir, *, dtype: torch.dtype = torch.float32, device
     return model
 
 
+@dataclass(frozen=True)
+class RmHeadConfig:
+    """[head] table: how the fresh score head trains next to the pretrained trunk."""
+
+    lr_scale: float = 1.0  # the score head's peak lr = [optimizer] lr * lr_scale (its own param group)
+
+    def __post_init__(self):
+        if not self.lr_scale > 0:
+            raise ValueError(f"[head] lr_scale must be > 0, got {self.lr_scale}")
+
+
+def split_head_group(optimizer: torch.optim.Optimizer, head: nn.Module, lr_scale: float) -> None:
+    """Move `head`'s parameters out of each optimizer group into a sibling group ("score_head" for "decay", else
+    "score_head_<name>": its weight decay is kept) whose lr is scaled: a fresh head starts from noise while the trunk
+    is trained, so one lr cannot suit both. Call before any step (no optimizer state yet); the group order is
+    deterministic, so a resume's optimizer state lines up."""
+    ids = {id(p) for p in head.parameters()}
+    kept, heads = [], []
+    for g in optimizer.param_groups:
+        moved = [p for p in g["params"] if id(p) in ids]
+        rest = [p for p in g["params"] if id(p) not in ids]
+        if moved:
+            name = "score_head" if g.get("name") == "decay" else f"score_head_{g.get('name')}"
+            heads.append({**g, "params": moved, "name": name, "lr": g["lr"] * lr_scale,
+                          "base_lr": g["base_lr"] * lr_scale})
+        if rest:
+            kept.append({**g, "params": rest})
+    optimizer.param_groups[:] = []
+    for g in kept + heads:
+        optimizer.add_param_group(g)
+
+
 class RmTrainModule(TrainModule):
     """Bradley-Terry (+ margin, + reward centering) on the stacked arms of a preference batch."""
 
     def __init__(self, model: nn.Module, cfg: TrainModuleConfig, loss_cfg: RmLossConfig, total_steps: int,
-                 seed: int = 0):
+                 seed: int = 0, head: RmHeadConfig = RmHeadConfig()):
         self.loss_cfg = loss_cfg  # set before super().__init__: wrapping binds self.loss
         super().__init__(model, cfg, total_steps, seed)
+        if head.lr_scale != 1.0:
+            split_head_group(self.optimizer, model.score, head.lr_scale)
+            self.banner += f"; score_head: lr x {head.lr_scale}"
 
     def loss(self, model: nn.Module, batch: dict) -> LossOutput | PairRewards:
         if batch.get(SCORE_ONLY):

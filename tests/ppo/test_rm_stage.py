@@ -90,14 +90,18 @@ def test_transformers_loads_the_published_critic_with_equal_scores(runs):
             torch.testing.assert_close(got, theirs, atol=1e-5, rtol=1e-5)
 
 
-def test_resume_is_bitwise_equal_to_an_uninterrupted_run(runs):
-    whole, parts = runs / "rm_whole", runs / "rm_parts"
-    assert _rm(runs, whole, "train.max_steps=4", "train.checkpoint_every=2") == 0
+@pytest.mark.parametrize("head", [(), ("head.lr_scale=10",)], ids=["one_lr", "head_group"])
+def test_resume_is_bitwise_equal_to_an_uninterrupted_run(runs, head):
+    """Also with the score head in its own param group ([head] lr_scale): the resumed optimizer state lines up."""
+    tag = "_".join(head).replace(".", "_").replace("=", "_")
+    whole, parts = runs / f"rm_whole{tag}", runs / f"rm_parts{tag}"
+    steps = ("train.max_steps=4", "train.checkpoint_every=2", *head)
+    assert _rm(runs, whole, *steps) == 0
     # NOTE: a wall budget stops the run (not a smaller max_steps, which is part of the run identity: the rerun would
     # train afresh and the test would not test resume): 0 s stops after step 1 with a checkpoint, exit 82
-    assert _rm(runs, parts, "train.max_steps=4", "train.checkpoint_every=2", "train.max_wall_seconds=0") == 82
+    assert _rm(runs, parts, *steps, "train.max_wall_seconds=0") == 82
     assert [c.name for c in (parts / "checkpoints").glob("step_*")] == ["step_1"]
-    assert _rm(runs, parts, "train.max_steps=4", "train.checkpoint_every=2") == 0  # resumes from step_1
+    assert _rm(runs, parts, *steps) == 0  # resumes from step_1
     assert not (parts / "checkpoints.superseded").exists()  # it did resume
     a, b = load_file(str(whole / "final" / "model.safetensors")), load_file(str(parts / "final" / "model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -7,12 +7,13 @@ import math
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from align.model import MistralForValueHead
 from align.train.optim import OptimizerConfig
 from align.train.rm_loss import RmLossConfig
-from align.train.rm_module import RmTrainModule, last_token_index, model_scorer, pair_rewards, reward_eval
+from align.train.rm_module import RmHeadConfig, RmTrainModule, last_token_index, model_scorer, pair_rewards, reward_eval
 from align.train.schedulers import SchedulerConfig
 from align.train.train_module import AccumInfo, TrainModuleConfig
 
@@ -114,3 +115,26 @@ def test_learns_the_labelled_direction_and_reward_eval_sees_it():
         assert (after["accuracy"] >= 0.75) if want_right else (after["accuracy"] <= 0.25)
         assert (after["margin"] > before["margin"]) == want_right
         assert after["pairs"] == 16 and module.model.training  # score() restores training mode
+
+
+def test_head_lr_scale_gives_the_score_head_its_own_group_and_a_larger_first_step():
+    """[head] lr_scale: every parameter stays in exactly one group, the head's group has the scaled lr, and Adam's
+    first step (|update| ~ lr per element) moves the head ~lr_scale times as far as the trunk."""
+    critic = _critic(seed=1, dtype=torch.float32)
+    cfg = TrainModuleConfig(optimizer=OptimizerConfig(lr=1e-3, max_grad_norm=None),
+                            scheduler=SchedulerConfig(name="constant"))
+    module = RmTrainModule(critic, cfg, RmLossConfig(), total_steps=10, head=RmHeadConfig(lr_scale=10.0))
+    groups = {g["name"]: g for g in module.optimizer.param_groups}
+    assert [id(p) for p in groups["score_head"]["params"]] == [id(p) for p in critic.score.parameters()]
+    grouped = sorted(id(p) for g in module.optimizer.param_groups for p in g["params"])
+    assert grouped == sorted(id(p) for p in critic.parameters())
+    before = {n: p.detach().clone() for n, p in critic.named_parameters()}
+    batch = _batch(8, seed=5, separable=True)
+    module.train_batch(batch, AccumInfo(micro_index=0, num_micro=1, global_units=8.0, world_size=1))
+    module.optim_step()
+    moved = {n: float((p.detach() - before[n]).abs().max()) for n, p in critic.named_parameters()}
+    assert math.isclose(groups["score_head"]["lr"], 1e-2)
+    assert 5e-3 < moved["score.weight"] <= 1.01e-2
+    assert max(v for n, v in moved.items() if not n.startswith("score.")) <= 1.01e-3
+    with pytest.raises(ValueError, match="lr_scale"):
+        RmHeadConfig(lr_scale=0.0)

@@ -27,7 +27,7 @@ from align.data.collate import collate
 from align.data.store import ShardSet
 from align.eval.inloop_config import InLoopEvalConfig
 from align.eval.verifier import score
-from align.rl.batch_source import PromptSet
+from align.rl.prompts import PromptSet
 from align.rl.canary import EvalTask, evaluate
 from align.rollout.native import NativeRolloutClient
 from align.train.callbacks import Callback

@@ -26,7 +26,6 @@ rollout not yet trained (tensors), so a resumed run trains exactly the batches a
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import torch
@@ -37,6 +36,7 @@ from align.inference.sequence import derive_seed
 from align.rl.advantages import AdvantageConfig, group_advantages, zero_variance
 from align.rl.assembly import assemble, plan_windows, row_lengths, select_rows, window_seed
 from align.rl.curriculum import PromptCurriculum
+from align.rl.prompts import PromptSet  # also imported from here by the stages and tests
 from align.rl.rewards import CompositeReward
 from align.rl.stage_config import DynamicSamplingConfig, RolloutShape
 from align.rl.types import Group, ScoredSample
@@ -51,21 +51,6 @@ STAT_KEYS = ("rollout/gen_s", "rollout/score_s", "rollout/gen_tokens", "rollout/
 MAX_FILL_ROUNDS = 50  # bound on extra rounds when too few groups are valid at all (unreadable golds everywhere)
 
 Scorer = Callable[[dict], torch.Tensor]  # micro-batch -> (N, C) log-probs at the sampling temperature
-
-
-@dataclass
-class PromptSet:
-    """What the source reads per prompt row: token ids and gold answer (a ShardSet of kind "prompts" fits)."""
-
-    ids: Callable[[int], tuple[int, ...]]
-    gold: Callable[[int], str]
-    groups: list[str]
-
-    @classmethod
-    def from_shards(cls, shards) -> "PromptSet":
-        metas = [shards.meta(r) for r in range(len(shards))]
-        return cls(ids=lambda r: tuple(int(t) for t in shards.sequence(int(r))[0]),
-                   gold=lambda r: metas[int(r)]["gold"], groups=[str(m["group"]) for m in metas])
 
 
 def attach_stats(windows: list[list[dict]], stats: dict[str, float]) -> None:

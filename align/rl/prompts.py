@@ -1,0 +1,23 @@
+"""`PromptSet`: what an RL batch source or an in-loop evaluation reads per prompt row. Its own module so that the
+in-loop evaluation (imported by every training stage) does not pull GRPO's batch source, stage config and loss into
+the SFT and DPO workers' code digests: an edit to GRPO's loss must rebuild GRPO alone."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+
+@dataclass
+class PromptSet:
+    """What the source reads per prompt row: token ids and gold answer (a ShardSet of kind "prompts" fits)."""
+
+    ids: Callable[[int], tuple[int, ...]]
+    gold: Callable[[int], str]
+    groups: list[str]
+
+    @classmethod
+    def from_shards(cls, shards) -> "PromptSet":
+        metas = [shards.meta(r) for r in range(len(shards))]
+        return cls(ids=lambda r: tuple(int(t) for t in shards.sequence(int(r))[0]),
+                   gold=lambda r: metas[int(r)]["gold"], groups=[str(m["group"]) for m in metas])

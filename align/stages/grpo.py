@@ -12,19 +12,17 @@ stage. `<runs>` is $ALIGN_RUNS_DIR under the pipeline, else runs/tiny."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from align.config import load_cli_config, run_dir_from_env, write_resolved_config
-from align.data.store import ShardSet
+from align.config import load_cli_config
 from align.eval.inloop import build_inloop_eval, verifier_task
 from align.exit_codes import exit_stage
 from align.model.checkpoint import DTYPES, checkpoint_content_hash, load_checkpoint, tokenizer_dir_for
 from align.ppo.lora import LoraConfig
-from align.ppo.lora_stage import MergedWeightsClient, maybe_lora, publish_final
+from align.ppo.lora_stage import maybe_lora, publish_final
 from align.rl.batch_source import GrpoBatchSource, PromptSet
 from align.rl.canary import Canary, evaluate
 from align.rl.curriculum import PromptCurriculum
@@ -32,16 +30,15 @@ from align.rl.grpo_module import GrpoTrainModule
 from align.rl.report import heldout_receipt
 from align.rl.rewards import CompositeReward
 from align.rl.stage_config import GrpoStageConfig
+from align.rl.stage_inputs import open_rl_stage
 from align.rl.token_logprobs import completion_logprobs
 from align.rl.tripwires import GrpoHealth, HealthCallback
-from align.rollout import make_rollout_client
-from align.tokenizer import Tokenizer
 from align.train.callbacks import ProgressLine, SpeedMonitor
 from align.train.identity import run_identity
 from align.train.moe_module import build_train_module, moe_callbacks
 from align.train.train_module import TrainModuleConfig
 from align.train.trainer import Trainer
-from align.utils.dist import device, init_distributed, is_rank0, rank, world_size
+from align.utils.dist import device, is_rank0, rank, world_size
 from align.utils.fsio import atomic_write_json
 
 @dataclass(frozen=True, kw_only=True)
@@ -65,19 +62,9 @@ def reference_scorer(start: Path, cfg: GrpoStageConfig):
 
 def main() -> int:
     cfg = load_cli_config(GrpoLoraStageConfig, prog="align.stages.grpo")
-    runs = Path(os.environ.get("ALIGN_RUNS_DIR", "runs/tiny"))
-    run_dir = run_dir_from_env(runs / "grpo_checkpoint")
-    init_distributed(run_dir=run_dir)
-    torch.set_num_threads(cfg.data.threads or os.cpu_count() or 1)
-    if is_rank0():
-        write_resolved_config(cfg, run_dir)
-    start = runs / cfg.data.start
-    tok = Tokenizer.from_pretrained(tokenizer_dir_for(start) or cfg.tokenizer.path, cfg.tokenizer.cache)
-    prompts = ShardSet.open(runs / cfg.data.prompts, kind="prompts", tokenizer_hash=tok.content_hash)
-    heldout = ShardSet.open(runs / cfg.data.eval, kind="prompts", tokenizer_hash=tok.content_hash)
-    client = make_rollout_client(cfg.rollout, load_checkpoint(start, dtype=DTYPES[cfg.data.engine_dtype],
-                                                               device=device()))
-    client = MergedWeightsClient(client, cfg.lora) if cfg.lora is not None else client  # pushes merged weights
+    inp = open_rl_stage(cfg, "grpo_checkpoint")
+    runs, run_dir, start, tok, prompts, heldout, client = (inp.runs, inp.run_dir, inp.start, inp.tok, inp.prompts,
+                                                           inp.heldout, inp.client)
     policy = maybe_lora(load_checkpoint(start, dtype=DTYPES[cfg.data.model_dtype], device=device()), cfg.lora, "grpo")
     module = build_train_module(GrpoTrainModule, policy,
                                 TrainModuleConfig(cfg.optimizer, cfg.scheduler, cfg.parallel), cfg.loss,

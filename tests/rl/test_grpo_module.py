@@ -141,3 +141,22 @@ def test_bf16_head_stays_close_to_the_fp32_head():
     (l32, e32, g32), (l16, e16, g16) = results
     assert l16 == pytest.approx(l32, rel=2e-2, abs=2e-2) and e16 == pytest.approx(e32, rel=1e-2)
     assert torch.nn.functional.cosine_similarity(g32, g16, dim=0) > 0.99
+
+
+@pytest.mark.parametrize("temperature", [0.6, 1.0])
+def test_sampler_and_trainer_log_probs_agree_at_the_sampling_temperature(temperature):
+    """The engine's per-token log-probs (the behaviour policy of rho) and the trainer's scoring of the same tokens
+    (pi_old and the training forward) are both log softmax(z / T): with the same weights they agree, so rho == 1
+    and the ratio is exact at any rollout temperature. At T != 1 the untempered log-probs differ visibly, so a path
+    that forgot the temperature on either side would fail here."""
+    module, _, window = first_window(temperature=temperature)
+    batch = dict(window[0])
+    mask = batch["completion_mask"].bool()
+    trainer = module.score(batch)[mask]
+    sampler = batch["rollout_logprobs"][mask]
+    assert torch.allclose(trainer, sampler, atol=2e-5), float((trainer - sampler).abs().max())
+    out = module.loss(module.model, batch)  # the fused training forward (pi_old from it) on the same rows
+    assert out.sums["rho_abs_log_sum"].item() / out.sums["completion_tokens"].item() < 2e-5
+    if temperature != 1.0:
+        untempered, _ = completion_logprobs(module.model, batch, 1.0)
+        assert (untempered[mask] - sampler).abs().max() > 1e-2

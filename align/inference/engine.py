@@ -26,6 +26,7 @@ from align.inference.config import EngineConfig
 from align.inference.model_runner import ModelRunner
 from align.inference.scheduler import Scheduler
 from align.inference.sequence import GenerationRequest, GenerationResult, Sequence, derive_seed
+from align.ppo.lora import ADAPTER_KEYS
 
 
 @dataclass
@@ -173,23 +174,36 @@ class Engine:
         self._weights_stamp = stamp
         return True
 
-    @torch.no_grad()
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int | None = None) -> int:
         """Copy new weights into the running model in place (no checkpoint round trip); returns the new version.
 
         Every key must match a parameter of the model by name and shape. Cached prefixes are dropped: their K/V
         were computed by the old weights."""
+        return self._load(state_dict, dict(self.model.named_parameters(remove_duplicate=False)), version,
+                          "load_weights")  # both names of a tied weight
+
+    def load_adapters(self, state_dict: dict[str, torch.Tensor], version: int | None = None) -> int:
+        """`load_weights` for a LoRA model (align.ppo.lora.apply_lora): the keys are exactly its adapter tensors
+        (`<module>.lora_A.weight` / `.lora_B.weight`, all of them); the frozen base is not touched, so its packed
+        copies are not rebuilt (only the adapters', align.inference.lora_decode)."""
+        params = {k: p for k, p in self.model.named_parameters() if k.endswith(ADAPTER_KEYS)}
+        if not params:
+            raise ValueError("load_adapters: the engine's model has no LoRA adapters (align.ppo.lora.apply_lora)")
+        return self._load(state_dict, params, version, "load_adapters")
+
+    @torch.no_grad()
+    def _load(self, state_dict: dict[str, torch.Tensor], params: dict[str, torch.Tensor], version: int | None,
+              what: str) -> int:
         if self.scheduler.has_unfinished():
-            raise RuntimeError("load_weights while sequences are in flight: finish or collect them first")
-        params = dict(self.model.named_parameters(remove_duplicate=False))  # both names of a tied weight
+            raise RuntimeError(f"{what} while sequences are in flight: finish or collect them first")
         unknown = sorted(set(state_dict) - set(params))
         given = {id(params[k]) for k in state_dict if k in params}
         missing = sorted(k for k, p in params.items() if id(p) not in given)
         if unknown or missing:
-            raise KeyError(f"load_weights: unknown keys {unknown[:5]}, missing keys {missing[:5]}")
+            raise KeyError(f"{what}: unknown keys {unknown[:5]}, missing keys {missing[:5]}")
         for name, tensor in state_dict.items():
             if tuple(tensor.shape) != tuple(params[name].shape):
-                raise ValueError(f"load_weights: {name} has shape {tuple(tensor.shape)}, the model "
+                raise ValueError(f"{what}: {name} has shape {tuple(tensor.shape)}, the model "
                                  f"{tuple(params[name].shape)}")
         for name, tensor in state_dict.items():
             params[name].copy_(tensor)

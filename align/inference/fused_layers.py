@@ -41,6 +41,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from align.inference import lora_decode
 from align.inference.config import LINEAR_KERNELS
 from align.inference.row_invariance import REFERENCE_ROWS, agreeing_counts, chunked, padder
 from align.kernels import linear as native_linear
@@ -70,6 +71,7 @@ class DenseMlp:
     """Mistral's SwiGLU MLP: gate/up fused into one product, silu(gate) * up the down product's prologue."""
 
     qk_norm = False
+    lora_mlp = True  # its gate/up/down are nn.Linear: LoRA adapters on them run in the decode step (lora_decode)
 
     @staticmethod
     def product_shapes(dec: "FusedDecoder") -> list[tuple[str, int, int]]:
@@ -87,11 +89,18 @@ class DenseMlp:
 
     @staticmethod
     def run(dec: "FusedDecoder", i: int, hidden: torch.Tensor) -> torch.Tensor:
-        gu = dec.normed_linear(dec.layers[i].post_attention_layernorm, hidden, dec.fused[i].wgu)  # (N, 2F)
+        norm = dec.layers[i].post_attention_layernorm
+        gu = dec.normed_linear(norm, hidden, dec.fused[i].wgu)  # (N, 2F)
+        adapters = dec.adapters[i]
+        if adapters:
+            gu = lora_decode.add(dec, adapters["gu"], hidden, gu, norm=norm)
         if dec._native_fp32(gu, None):
             wd = dec.fused[i].wdown
-            return chunked(lambda c, r: native_linear.linear(c, wd, residual=r, swiglu=True), gu, hidden)
-        return dec.linear_add(F.silu(gu[:, :dec.ffn]) * gu[:, dec.ffn:], dec.fused[i].wdown, hidden)
+            out = chunked(lambda c, r: native_linear.linear(c, wd, residual=r, swiglu=True), gu, hidden)
+            return lora_decode.add(dec, adapters["down"], gu, out, swiglu=True) if adapters else out
+        act = F.silu(gu[:, :dec.ffn]) * gu[:, dec.ffn:]
+        out = dec.linear_add(act, dec.fused[i].wdown, hidden)
+        return lora_decode.add(dec, adapters["down"], act, out) if adapters else out
 
 
 # Per family (align.model.family): what the decode step runs after attention, and whether q/k are normed.
@@ -168,10 +177,14 @@ class FusedDecoder:
         self.kv_dim = cfg.num_key_value_heads * cfg.head_dim
         self.ffn = cfg.intermediate_size
         self.hidden = cfg.hidden_size
-        self._expert_pads: dict[int, object] = {}  # torch thread count -> row padder of the expert products
+        self._expert_pads: dict[tuple, object] = {}  # (threads, adapter shapes) -> row padder of the expert products
         self.heads = cfg.num_attention_heads + cfg.num_key_value_heads  # rotated heads: q and k together
         self.head_dim = cfg.head_dim
         self.fused: list[_Fused | None] = [None] * len(self.layers)
+        # per layer: {product: AdapterPair | None} when the layer has LoRA adapters (lora_decode), else {}
+        self.adapters: list[dict] = [{} for _ in self.layers]
+        self.adapter_stamps: list[tuple] = [() for _ in self.layers]
+        self.adapter_shapes: tuple = ()  # lora_decode.product_shapes of them: part of the row-count probe's key
         self.whead: torch.Tensor | None = None
         self.head_stamp: tuple | None = None
         self.refresh()
@@ -217,6 +230,13 @@ class FusedDecoder:
                 self.fused[i] = _Fused(self._prepare(torch.cat(attn[:3])), self._prepare(attn[3]),
                                        stamp=_stamp(attn + mlp), **self.block.build(self, mlp))
                 rebuilt += 1
+            adapters = lora_decode.adapter_tensors(layer, self.block.lora_mlp)
+            if _stamp(adapters) != self.adapter_stamps[i]:  # a LoRA sync: only these copies, never the base's
+                self.adapters[i] = {name: lora_decode.build_pair(self._prepare, mods) for name, mods in
+                                    lora_decode.groups(layer, self.block.lora_mlp).items()} if adapters else {}
+                self.adapter_stamps[i] = _stamp(adapters)
+                rebuilt += 1
+        self.adapter_shapes = tuple(lora_decode.product_shapes(p for layer in self.adapters for p in layer.values()))
         head = (self.lm_head.weight,)
         if self.head_stamp != _stamp(head):
             self.whead, self.head_stamp = self._prepare(head[0]), _stamp(head)
@@ -245,7 +265,10 @@ class FusedDecoder:
         """hidden (N, D) -> the fused q, k, v projection (N, (H + 2 KVH) * Dh) of the normed hidden, no RoPE; for
         OLMoE with its QK-norm applied. NOTE: the runner's native path feeds this straight to the C RoPE + KV write
         (model_runner.forward), so everything before RoPE must happen here, not in `qkv`."""
-        out = self.normed_linear(self.layers[i].input_layernorm, hidden, self.fused[i].wqkv)
+        norm = self.layers[i].input_layernorm
+        out = self.normed_linear(norm, hidden, self.fused[i].wqkv)
+        if self.adapters[i]:  # before the QK-norm: the adapter is part of the projection
+            out = lora_decode.add(self, self.adapters[i]["qkv"], hidden, out, norm=norm)
         if self.block.qk_norm:  # OLMoE: RMSNorm over the full q and k projections, before RoPE
             a = self.layers[i].self_attn
             q, k, v = out.split((self.q_dim, self.kv_dim, self.kv_dim), dim=1)
@@ -262,7 +285,9 @@ class FusedDecoder:
 
     def attn_out(self, i: int, hidden: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         """hidden (N, D) + o_proj(attn (N, H, Dh)) -> (N, D)."""
-        return self.linear_add(attn.flatten(1), self.fused[i].wo, hidden)  # (N, H * Dh) -> (N, D)
+        x = attn.flatten(1)  # (N, H * Dh)
+        out = self.linear_add(x, self.fused[i].wo, hidden)  # (N, D)
+        return lora_decode.add(self, self.adapters[i]["o"], x, out) if self.adapters[i] else out
 
     def mlp(self, i: int, hidden: torch.Tensor) -> torch.Tensor:
         """hidden (N, D) -> hidden + mlp(norm(hidden)). On the native kernel the norm is the gate/up product's
@@ -273,10 +298,10 @@ class FusedDecoder:
         """The rows an expert product of m rows runs on (off the native kernel): the next count measured to round
         each row as a 128-row batch does. Padded whatever EngineConfig.batch_invariant says: an expert's row count
         changes with the batch's routing even when the step's does not (the runner's padding cannot cover it)."""
-        threads = torch.get_num_threads()
-        if threads not in self._expert_pads:
-            self._expert_pads[threads] = padder(self.agreeing_row_counts())
-        return self._expert_pads[threads](m)
+        key = (torch.get_num_threads(), self.adapter_shapes)
+        if key not in self._expert_pads:
+            self._expert_pads[key] = padder(self.agreeing_row_counts())
+        return self._expert_pads[key](m)
 
     def agreeing_row_counts(self) -> tuple[int, ...]:
         """Row counts at which every projection and the head round each row as a large batch does (measured on
@@ -287,6 +312,7 @@ class FusedDecoder:
                      (V, D))]
         if len(self.layers):
             shapes = [("qkv", self.q_dim + 2 * self.kv_dim, D), ("o", D, self.q_dim)] + self.block.product_shapes(self)
+            shapes += list(self.adapter_shapes)
             products += [(name, self.linear, (rows, cols)) for name, rows, cols in shapes]
         return agreeing_counts(products, self._prepare, w.dtype, w.device, self.kernel)
 

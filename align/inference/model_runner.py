@@ -69,7 +69,7 @@ class ModelRunner:
         # turns 0 * NaN into NaN in the output.
         self.k_cache = torch.zeros(k_shape, dtype=weight.dtype, device=self.device)
         self.v_cache = torch.zeros(v_shape, dtype=weight.dtype, device=self.device)
-        self._pads: dict[int, Callable[[int], int]] = {}  # torch thread count -> row padder
+        self._pads: dict[tuple, Callable[[int], int]] = {}  # (torch threads, adapter shapes) -> row padder
         # The sampler's probabilities buffer, reused every step: a fresh 2 MB (16 x 32k fp32) tensor per sampling
         # block is returned to and faulted in from the OS by glibc's allocator.
         self.sample_workspace = torch.empty(SAMPLE_CHUNK_ROWS * cfg.vocab_size, dtype=torch.float32,
@@ -82,10 +82,10 @@ class ModelRunner:
         torch picks depend on it."""
         if not self.batch_invariant or self.decoder.row_invariant:
             return m
-        threads = torch.get_num_threads()
-        if threads not in self._pads:
-            self._pads[threads] = padder(self.decoder.agreeing_row_counts())
-        return self._pads[threads](m)
+        key = (torch.get_num_threads(), self.decoder.adapter_shapes)  # a LoRA model's adapters are probed too
+        if key not in self._pads:
+            self._pads[key] = padder(self.decoder.agreeing_row_counts())
+        return self._pads[key](m)
 
     @staticmethod
     def bytes_per_block(cfg, block_size: int, dtype: torch.dtype) -> int:

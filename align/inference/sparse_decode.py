@@ -28,6 +28,7 @@ class SparseMlp:
     Values equal the model's forward up to the kernels' rounding, as for the dense path."""
 
     qk_norm = True
+    lora_mlp = False  # the experts are stacked 3-D weights, not nn.Linear (align.ppo.lora refuses them as targets)
 
     @staticmethod
     def product_shapes(dec: FusedDecoder) -> list[tuple[str, int, int]]:

@@ -31,6 +31,7 @@ from align.utils.fsio import publish_dir, staging_dir
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
+ENGINE_SYNCS = ("adapters", "merged")
 PEFT_PREFIX = "base_model.model."  # peft's PeftModel -> LoraModel -> the base model's own names
 
 
@@ -44,6 +45,10 @@ class LoraConfig:
     # a Linear is wrapped when its qualified name equals an entry or ends with "." + entry (peft's rule)
     target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
     save_adapter: bool = False  # a stage also publishes the adapter alone, in peft's layout, under final/adapter/
+    # how a sampler of the policy (GRPO/PPO rollouts, the in-loop Engine) follows it (align.ppo.lora_stage):
+    # "adapters": the engine holds the base once and runs base(x) + (x A^T)(s B)^T, a sync moves the adapters only;
+    # "merged": the engine holds a plain model and every sync sends W + s B A for every wrapped weight
+    engine_sync: str = "adapters"
 
     def __post_init__(self):
         if not (isinstance(self.rank, int) and self.rank > 0):
@@ -54,6 +59,8 @@ class LoraConfig:
             raise ValueError(f"LoraConfig.dropout must lie in [0, 1), got {self.dropout!r}")
         if not self.target_modules or not all(isinstance(t, str) and t for t in self.target_modules):
             raise ValueError(f"LoraConfig.target_modules must be non-empty module names, got {self.target_modules!r}")
+        if self.engine_sync not in ENGINE_SYNCS:
+            raise ValueError(f"LoraConfig.engine_sync must be one of {ENGINE_SYNCS}, got {self.engine_sync!r}")
         object.__setattr__(self, "target_modules", tuple(self.target_modules))
 
     @property

@@ -1,4 +1,4 @@
-"""`[lora]` in a training stage (SFT, DPO, GRPO): what a stage calls so that LoRA changes no stage's default path.
+"""`[lora]` in a training stage (SFT, DPO, GRPO, PPO): what a stage calls so that LoRA changes no stage's default path.
 
 A stage config holds `lora: LoraConfig | None = None`; with the table present the stage
 1. `maybe_lora(model, cfg.lora)` right after building the policy and before its TrainModule, so the optimizer is
@@ -10,24 +10,28 @@ A stage config holds `lora: LoraConfig | None = None`; with the table present th
    align.ppo.lora.merge_state_dict), its round trip checked bitwise against the merged weights as the Trainer checks
    its own, plus, with `save_adapter = true`, the adapter alone in peft's layout under `final/adapter/` (written
    before the manifest, so the manifest lists it and `final/` appears whole or not at all);
-4. samplers of the plain model (GRPO's rollout engine, the SFT/DPO in-loop Engine): `MergedWeightsClient` merges the
-   adapters into every weight push. Why merged and not base + adapter in the engine: the engine's fused decoder
-   packs each projection's weight into kernel panels (align.inference.fused_layers) and would silently drop an
-   unmerged adapter. Cost per push: one (out x r) @ (r x in) product and one new (out x in) tensor per wrapped
-   projection, i.e. r multiply-adds per wrapped weight element (a forward of r tokens through those projections)
-   and one extra copy of them, next to the weight copy (and panel repacking) every push already pays: measured
-   1.19x a plain push's CPU time on the tiny policy, 1.21x at d = 512 (bench/lora_push.py, docs/MEASUREMENTS.md)."""
+4. samplers of the policy (GRPO's and PPO's rollout engine, the SFT/DPO in-loop Engine), `[lora] engine_sync`:
+   - "adapters" (the default), `AdapterWeightsClient`: the engine holds a LoRA-wrapped copy of the frozen base, whose
+     panels it packs once, and runs base(x) + (x A^T)(s B)^T in its decode step (align.inference.lora_decode); a sync
+     sends only the adapter tensors (Engine.load_adapters), the base is checked equal to the policy's once, at the
+     first push. Cost per sync: the adapters' bytes and their few-kB repack (bench/lora_push.py); per decode step,
+     two thin products per fused projection (r columns).
+   - "merged", `MergedWeightsClient`: the engine holds a plain model and every sync merges W + B A alpha/r for every
+     wrapped weight (one (out x r) @ (r x in) product and one new tensor each) and copies and repacks all of them:
+     1.19x a plain push's CPU time on the tiny policy (docs/MEASUREMENTS.md "## ppo"), with a decode step exactly a
+     plain model's."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
+import torch
 from torch import nn
 
 from align.eval.inloop import build_inloop_eval, engine_copy, full_weights
-from align.ppo.lora import (LoraConfig, apply_lora, merge, merge_state_dict, peft_adapter_state, save_adapter_state,
-                            trainable_parameters)
+from align.ppo.lora import (ADAPTER_KEYS, LoraConfig, apply_lora, lora_layers, merge, merge_state_dict,
+                            peft_adapter_state, save_adapter_state, trainable_parameters)
 from align.rollout.native import NativeRolloutClient
 from align.utils.dist import broadcast_object, is_rank0
 from align.utils.fsio import publish_dir, staging_dir
@@ -63,13 +67,57 @@ class MergedWeightsClient:
         return getattr(self.client, name)
 
 
+class AdapterWeightsClient:
+    """A rollout client over a LoRA-wrapped copy of the policy's frozen base (wrapped here when the inner client's
+    engine model has no adapters yet), fed by the LoRA policy: `update_weights` sends the adapter tensors only; the
+    first push also checks that the base it carries equals the engine's (a sampler on another base would be a fourth
+    distribution, silently trained on)."""
+
+    def __init__(self, client, cfg: LoraConfig):
+        engine = getattr(client, "engine", None)
+        if engine is None or not hasattr(client, "update_adapters"):
+            raise ValueError(f"[lora] engine_sync = 'adapters' needs the native rollout backend (its Engine runs the "
+                             f"adapters); {type(client).__name__} has none: set engine_sync = 'merged'")
+        if not lora_layers(engine.model):
+            apply_lora(engine.model, cfg)
+            engine.model.requires_grad_(False)
+        self.client, self.base_checked = client, False
+
+    def update_weights(self, state_dict, version: int | None = None) -> int:
+        if not self.base_checked:
+            self._check_base(state_dict)
+        adapters = {k: v for k, v in state_dict.items() if k.endswith(ADAPTER_KEYS)}
+        return self.client.update_adapters(adapters, version)
+
+    def _check_base(self, state_dict) -> None:
+        params = dict(self.client.engine.model.named_parameters(remove_duplicate=False))
+        for name, tensor in state_dict.items():
+            if not name.endswith(ADAPTER_KEYS) and name in params:
+                mine = params[name]
+                if not torch.equal(mine, tensor.to(device=mine.device, dtype=mine.dtype)):
+                    raise ValueError(f"AdapterWeightsClient: the policy's frozen {name} differs from the sampler's "
+                                     f"base: the engine was built from another checkpoint than the policy's start")
+        self.base_checked = True
+
+    def __getattr__(self, name: str):
+        return getattr(self.client, name)
+
+
+def lora_client(client, lora: LoraConfig | None):
+    """The rollout client a LoRA stage pushes to: `client` itself without LoRA, else per `lora.engine_sync`."""
+    if lora is None:
+        return client
+    return AdapterWeightsClient(client, lora) if lora.engine_sync == "adapters" else MergedWeightsClient(client, lora)
+
+
 def inloop_eval(cfg, runs: Path, tok, module, total_steps: int, lora: LoraConfig | None,
                 engine_model: nn.Module | None):
-    """align.eval.inloop.build_inloop_eval for SFT/DPO; with LoRA its Engine holds a merged plain copy and every
-    evaluation first pushes the merged training weights into it."""
+    """align.eval.inloop.build_inloop_eval for SFT/DPO; with LoRA its Engine holds a copy of the LoRA model
+    ("adapters") or a merged plain copy ("merged"), and every evaluation first pushes the training weights into it."""
     if lora is None or not cfg.every:
         return build_inloop_eval(cfg, runs, tok, module, total_steps, engine_model=engine_model)
-    client = MergedWeightsClient(NativeRolloutClient(merge(engine_copy(module.model)).requires_grad_(False)), lora)
+    copy = engine_copy(module.model)
+    client = lora_client(NativeRolloutClient(copy if lora.engine_sync == "adapters" else merge(copy)), lora)
     callback = build_inloop_eval(cfg, runs, tok, module, total_steps, client=client)
     callback.sync = lambda: client.update_weights(full_weights(module.model))  # as build_inloop_eval's own copy
     return callback

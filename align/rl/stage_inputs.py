@@ -1,6 +1,6 @@
 """What the GRPO and PPO workers open before they build their modules: the run directory (process group up,
 threads set, resolved config written), the start checkpoint's tokenizer, the RL prompt and held-out shards, and the
-rollout client holding the start weights (pushing merged weights when the stage trains LoRA adapters)."""
+rollout client holding the start weights (pushing the adapters when the stage trains LoRA adapters)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import torch
 from align.config import run_dir_from_env, write_resolved_config
 from align.data.store import ShardSet
 from align.model.checkpoint import DTYPES, load_checkpoint, tokenizer_dir_for
-from align.ppo.lora_stage import MergedWeightsClient
+from align.ppo.lora_stage import lora_client
 from align.rollout import make_rollout_client
 from align.tokenizer import Tokenizer
 from align.utils.dist import device, init_distributed, is_rank0
@@ -47,5 +47,5 @@ def open_rl_stage(cfg, task: str) -> RlStageInputs:
     client = make_rollout_client(cfg.rollout, load_checkpoint(start, dtype=DTYPES[cfg.data.engine_dtype],
                                                                device=device()))
     lora = getattr(cfg, "lora", None)
-    client = MergedWeightsClient(client, lora) if lora is not None else client  # pushes merged weights
+    client = lora_client(client, lora)  # with [lora]: pushes the adapters (or merged weights, engine_sync)
     return RlStageInputs(runs, run_dir, start, tok, prompts, heldout, client)

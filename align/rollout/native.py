@@ -62,6 +62,10 @@ class NativeRolloutClient:
     def update_weights(self, state_dict: Mapping, version: int | None = None) -> int:
         return self.engine.load_weights(dict(state_dict), version)
 
+    def update_adapters(self, state_dict: Mapping, version: int | None = None) -> int:
+        """The LoRA adapters alone, into an engine over a LoRA-wrapped base (Engine.load_adapters)."""
+        return self.engine.load_adapters(dict(state_dict), version)
+
     def close(self) -> None:
         self._pending.clear()
 

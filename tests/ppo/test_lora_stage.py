@@ -1,7 +1,7 @@
 """`[lora]` in the SFT, DPO and GRPO stages (align.ppo.lora_stage) on real artifacts: only the adapters train, final/
 is the merged ordinary HF checkpoint equal to base + B A alpha/r bitwise, final/adapter/ is peft's layout (peft loads
 it onto the transformers base with equal logits: oracle), a resumed LoRA run is bitwise the uninterrupted one, and
-samplers of the plain model receive merged weights (GRPO's push, the in-loop Engine)."""
+samplers receive the adapters (GRPO's push, the in-loop Engine; merged weights with engine_sync = "merged")."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 from align.config import load_config
 from align.model.checkpoint import load_checkpoint, save_checkpoint
 from align.ppo.lora import LoraConfig, apply_lora, lora_layers, merge_state_dict
-from align.ppo.lora_stage import MergedWeightsClient, inloop_eval
+from align.ppo.lora_stage import AdapterWeightsClient, MergedWeightsClient, inloop_eval
 from align.rollout.native import NativeRolloutClient
 from align.stages.sft import SftStageConfig, build_model
 from align.utils.manifest import read_manifest
@@ -106,11 +106,11 @@ def test_sft_with_lora_trains_only_adapters_and_publishes_the_merged_model(sft_r
     assert [r["step"] for r in read_history(run_dir / "history.jsonl")] == [1, 2, 3, 4]
 
 
-def test_sft_with_lora_and_inloop_eval_evaluates_the_merged_policy(sft_runs, tmp_path, monkeypatch):
+def test_sft_with_lora_and_inloop_eval_evaluates_the_lora_policy(sft_runs, tmp_path, monkeypatch):
     runs, config = sft_runs
     synced = []
-    real = MergedWeightsClient.update_weights
-    monkeypatch.setattr(MergedWeightsClient, "update_weights",
+    real = AdapterWeightsClient.update_weights
+    monkeypatch.setattr(AdapterWeightsClient, "update_weights",
                         lambda self, sd, version=None: synced.append(len(sd)) or real(self, sd, version))
     if not (runs / "shards" / "eval" / "out" / "manifest.json").is_file():
         prompt_shards(tmp_path, runs / "shards" / "eval" / "out", 3)
@@ -119,7 +119,7 @@ def test_sft_with_lora_and_inloop_eval_evaluates_the_merged_policy(sft_runs, tmp
     assert run_worker("align.stages.sft", config, runs, run_dir, *SFT_FAST, *inloop) == 0
     rows = read_history(run_dir / "history.jsonl")
     evaluated = [r["step"] for r in rows if isinstance(r.get("eval/accuracy"), float) and r["eval/accuracy"] >= 0]
-    assert evaluated == [2, 4] and len(synced) == 2  # each evaluation first pushed the merged training weights
+    assert evaluated == [2, 4] and len(synced) == 2  # each evaluation first pushed the training weights
 
 
 def test_lora_sft_resume_is_bitwise_equal_to_an_uninterrupted_run(sft_runs, tmp_path):
@@ -177,12 +177,12 @@ def test_dpo_with_lora_publishes_the_merged_policy(tmp_path):
     assert rows[0]["rewards/margin"] == pytest.approx(0.0, abs=1e-5)  # B = 0: the policy starts as the reference
 
 
-def test_grpo_with_lora_pushes_merged_weights_and_publishes_the_merged_policy(tmp_path, monkeypatch):
+def test_grpo_with_lora_pushes_the_adapters_and_publishes_the_merged_policy(tmp_path, monkeypatch):
     runs, config = runs_tree(tmp_path, steps=2)
     config.write_text(config.read_text() + LORA.replace("save_adapter = true", "save_adapter = false"))
     pushed = []
-    real = MergedWeightsClient.update_weights
-    monkeypatch.setattr(MergedWeightsClient, "update_weights",
+    real = NativeRolloutClient.update_adapters
+    monkeypatch.setattr(NativeRolloutClient, "update_adapters",
                         lambda self, sd, version=None: pushed.append(sorted(sd)) or real(self, sd, version))
     run_dir = runs / "grpo_lora"
     # a wall budget of 0 s stops after step 1 with a checkpoint (exit 82); the rerun resumes it, and a resume
@@ -190,7 +190,7 @@ def test_grpo_with_lora_pushes_merged_weights_and_publishes_the_merged_policy(tm
     assert run_worker("align.stages.grpo", config, runs, run_dir, "train.max_wall_seconds=0") == 82
     assert run_worker("align.stages.grpo", config, runs, run_dir) == 0
     assert not (run_dir / "checkpoints.superseded").exists()  # it did resume
-    assert pushed and all(any("lora_A" in k for k in keys) for keys in pushed)  # a LoRA policy's state ...
+    assert pushed and all(keys and all(".lora_" in k for k in keys) for keys in pushed)  # the adapters alone ...
     final = load_file(str(run_dir / "final" / "model.safetensors"))  # ... and a plain published checkpoint
     start = load_file(str(runs / "dpo_checkpoint" / "final" / "model.safetensors"))
     assert final.keys() == start.keys() and not (run_dir / "final" / "adapter").exists()
@@ -228,7 +228,8 @@ def test_merged_weights_client_gives_the_engine_the_merged_model():
     assert not torch.equal(got["model.layers.0.self_attn.q_proj.weight"], q.weight)  # merged, not the base
 
 
-def test_inloop_eval_with_lora_syncs_merged_weights_into_its_engine(tmp_path):
+@pytest.mark.parametrize("engine_sync", ["adapters", "merged"])
+def test_inloop_eval_with_lora_syncs_the_policy_into_its_engine(tmp_path, engine_sync):
     from align.eval.inloop_config import InLoopEvalConfig
     from align.tokenizer import Tokenizer
     from align.train.sft_loss import SftLossConfig
@@ -238,18 +239,20 @@ def test_inloop_eval_with_lora_syncs_merged_weights_into_its_engine(tmp_path):
     runs = tmp_path / "runs"
     prompt_shards(tmp_path, runs / "shards" / "eval" / "out", 3)
     policy, _ = _lora_policy(seed=2)
-    lora = LoraConfig(rank=4, alpha=8.0, target_modules=("q_proj", "v_proj", "down_proj"))
+    lora = LoraConfig(rank=4, alpha=8.0, target_modules=("q_proj", "v_proj", "down_proj"), engine_sync=engine_sync)
     module = SftTrainModule(policy, TrainModuleConfig(), SftLossConfig(), total_steps=1)
     cfg = InLoopEvalConfig(every=1, rows=2, max_new_tokens=4, solutions="")
     callback = inloop_eval(cfg, runs, Tokenizer.from_pretrained(), module, 1, lora, engine_model=policy)
     engine = callback.client.engine.model
-    assert not any("lora" in k for k in engine.state_dict())  # a plain copy: the fused decoder sees every weight
+    # "adapters": a copy of the LoRA model (the engine runs base + adapter); "merged": a plain copy
+    assert any("lora" in k for k in engine.state_dict()) == (engine_sync == "adapters")
     with torch.no_grad():  # the policy moves after the callback was built
         for layer in lora_layers(policy).values():
             layer.lora_B.weight.mul_(2.0)
     result = callback.measure()
     assert 0.0 <= result["eval/accuracy"] <= 1.0
-    want = merge_state_dict(policy.state_dict(), lora.scaling)
+    want = merge_state_dict(policy.state_dict(), lora.scaling) if engine_sync == "merged" else policy.state_dict()
+    assert engine.state_dict().keys() == want.keys()
     assert all(torch.equal(engine.state_dict()[k], want[k].float()) for k in want)
 
 

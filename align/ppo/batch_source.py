@@ -12,8 +12,13 @@ Per rollout, after the samples are drawn and scored by CompositeReward:
     (with a reward model, its score of every row, times [reward] model_weight, joins the score first)
     4. epochs x num_minibatches windows (align.rl.assembly.plan_windows); the first `critic_warmup_rollouts`
        rollouts' micro-batches carry `critic_only` (the module then trains the critic alone)
-Every training row is scored before the first step (no `old_from_forward`): the advantages need pi_old of every
-row when the KL is in the reward, and the critic's values come from the same pass.
+Every training row is scored by pi_old before the first step when the KL is in the reward (the advantages need
+the policy's log-probs of every row) or when the rollout trains in more than one window; with a single window
+(one minibatch, one epoch) and no KL in the reward the window trains on the weights that sampled it, so it carries
+GRPO's `old_from_forward` and pi_old is its own training forward (one scoring pass fewer per rollout; the logged
+`rollout/kl` then reads the sampler's log-probs of the same weights). The critic's values are always scored here:
+GAE needs them. With `[gae] negative_scale` < 1 the (whitened) negative advantages are scaled down (GRPO's
+`[advantage] negative_scale`; 0 reinforces only the tokens that did better than the critic expected).
 The stale checks are GRPO's: a sample whose weight version is not the policy's raises (the engine was not
 updated: never trained on), and a window that lags the policy by more than `shape.staleness_bound` steps is
 refused with the rest of its rollout when `shape.on_stale = "refuse"`."""
@@ -25,7 +30,7 @@ from typing import Callable
 
 import torch
 
-from align.ppo.gae import GaeConfig, gae, whiten
+from align.ppo.gae import GaeConfig, gae, scale_negatives, whiten
 from align.ppo.rewards import token_rewards
 from align.ppo.stage_config import PpoConfig
 from align.rl.advantages import AdvantageConfig
@@ -63,8 +68,15 @@ class PpoBatchSource(GrpoBatchSource):
         del batch["advantages"]  # GRPO's sequence advantages; PPO's are per token (below)
         t1 = time.perf_counter()
         comp, loss_mask = batch["completion_mask"], batch["loss_mask"]
-        if self.old_scorer is not None:  # else pi_old is the sampler's log-probs (shape.old_logprobs = "rollout")
-            batch["old_logprobs"] = self._score(batch, self.old_scorer)
+        shape = self.shape
+        plan = plan_windows(row_lengths(batch), shape.num_minibatches, shape.micro_batch_size,
+                            window_seed(self.seed, self.rollouts), shape.epochs)
+        beta = self.ppo.kl_beta if self.ppo.kl_in == "reward" else 0.0
+        # one window trained on the weights that sampled it, and no KL in the reward: pi_old is the training
+        # forward itself (GRPO's `old_from_forward`), so the policy's scoring pass is not needed
+        from_forward = self.old_scorer is not None and len(plan) == 1 and beta == 0.0
+        if self.old_scorer is not None and not from_forward:  # else pi_old is the sampler's log-probs
+            batch["old_logprobs"] = self._score(batch, self.old_scorer)  # (shape.old_logprobs = "rollout")
         batch["old_values"] = self._score(batch, self.value_scorer)
         ref = None
         if self.ref_scorer is not None:
@@ -74,18 +86,16 @@ class PpoBatchSource(GrpoBatchSource):
             rm = self._score_rows(batch, self.reward_model)
             batch["rewards"] = batch["rewards"] + self.reward_model_weight * rm
             rm_sum = float(rm.sum())
-        beta = self.ppo.kl_beta if self.ppo.kl_in == "reward" else 0.0
         rewards, kl = token_rewards(batch["rewards"], comp, batch["old_logprobs"], ref, beta)
         adv, returns = gae(rewards.double(), batch["old_values"].double(), comp, self.gae_cfg.gamma,
                            self.gae_cfg.lam)
         if self.gae_cfg.whiten_advantages and loss_mask.sum() >= 2:
             adv = whiten(adv, loss_mask)
+        adv = scale_negatives(adv, self.gae_cfg.negative_scale)
         batch["token_advantages"], batch["returns"] = adv.float(), returns.float()
-        shape = self.shape
-        plan = plan_windows(row_lengths(batch), shape.num_minibatches, shape.micro_batch_size,
-                            window_seed(self.seed, self.rollouts), shape.epochs)
         critic_only = self.rollouts < self.ppo.critic_warmup_rollouts
-        windows = [[{**select_rows(batch, rows), "critic_only": critic_only} for rows in window] for window in plan]
+        flags = {"critic_only": critic_only, **({"old_from_forward": True} if from_forward else {})}
+        windows = [[{**select_rows(batch, rows), **flags} for rows in window] for window in plan]
         stats = {**counts, "rollout/gen_s": gen_s, "rollout/score_s": time.perf_counter() - t1,
                  "rollout/refused_windows": float(self.refused), "rollout/ranks": 1.0,
                  "rollout/kl_sum": float(kl.sum()), "rollout/kl_tokens": float(comp.sum()),

@@ -27,9 +27,11 @@ class GaeConfig:
     gamma: float = 1.0
     lam: float = 0.95
     whiten_advantages: bool = True
+    negative_scale: float = 1.0  # factor on negative advantages after whitening (1: PPO; 0: positive tokens only,
+    # as GRPO's [advantage] negative_scale)
 
     def __post_init__(self):
-        for name in ("gamma", "lam"):
+        for name in ("gamma", "lam", "negative_scale"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"GaeConfig.{name} must lie in [0, 1], got {getattr(self, name)!r}")
 
@@ -78,3 +80,8 @@ def whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: fl
     if not shift_mean:
         out = out + mu
     return out * mask.to(x.dtype)
+
+
+def scale_negatives(adv: torch.Tensor, scale: float) -> torch.Tensor:
+    """Negative entries of `adv` times `scale` (positive ones and zeros unchanged); `adv` itself when scale is 1."""
+    return adv if scale == 1.0 else torch.where(adv < 0, adv * scale, adv)

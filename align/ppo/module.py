@@ -13,7 +13,10 @@ Per micro-batch (one sum over its loss tokens; the Trainer divides by the step's
         - entropy_coef * H_t                                      (differentiable only when entropy_coef > 0)
         + kl_beta * k3(logp_t, ref_t)                             (only when [ppo] kl_in = "loss")
 The critic's parameters are disjoint from the policy's, so one backward fills both; each has its own optimizer
-and gradient clip. The critic has a constant learning rate (its own [critic_optimizer] table).
+and gradient clip. The critic has a constant learning rate (its own [critic_optimizer] table); its fresh value head
+may train at a multiple of it ([critic_head] lr_scale, the reward model's [head] rule). Since the critic has its own
+Adam, `value_coef` scales the critic's gradient only, which Adam normalises away: it matters through the
+critic's gradient clip (and Adam's eps), not as a weight against the policy's loss.
 
 Critic-only warmup: a micro-batch flagged `critic_only` (the first `critic_warmup_rollouts` rollouts) trains the
 critic alone: no policy forward, no policy step, no schedule tick, no weight push (the policy version stays). The
@@ -47,6 +50,7 @@ from align.rl.token_logprobs import completion_rows, head_inputs, tempered_token
 from align.rl.tripwires import GrpoHealth
 from align.train.grad_norm import clip_grads_, global_grad_norm
 from align.train.optim import OptimizerConfig, make_optimizer
+from align.train.rm_module import RmHeadConfig, split_head_group
 from align.train.schedulers import lr_multiplier
 from align.train.train_module import AccumInfo, LossOutput, StepMetrics, StepOutcome, TrainModule, \
     TrainModuleConfig
@@ -59,7 +63,8 @@ POLICY_SUMS = ("policy_tokens", "policy_loss_sum", "clip_sum", "ratio_sum", "rat
 class PpoTrainModule(GrpoTrainModule):
     def __init__(self, model: nn.Module, critic: nn.Module, cfg: TrainModuleConfig,
                  critic_optimizer: OptimizerConfig, loss_cfg: PpoLossConfig, ppo: PpoConfig, temperature: float,
-                 total_steps: int, seed: int = 0, client=None, health: GrpoHealth | None = None):
+                 total_steps: int, seed: int = 0, client=None, health: GrpoHealth | None = None,
+                 critic_head: RmHeadConfig = RmHeadConfig()):
         if world_size() > 1:
             raise ValueError(f"PpoTrainModule: world size {world_size()}: PPO runs on one process (the critic is "
                              f"not wrapped for DDP / FSDP2 yet)")
@@ -71,6 +76,9 @@ class PpoTrainModule(GrpoTrainModule):
         self.ppo_loss, self.ppo, self.critic = loss_cfg, ppo, critic
         self.critic_cfg = critic_optimizer
         self.critic_optimizer, self.critic_banner = make_optimizer(critic, critic_optimizer, seed=seed)
+        if critic_head.lr_scale != 1.0:  # the fresh value head learns faster than the trained trunk (as the RM's)
+            split_head_group(self.critic_optimizer, critic.score, critic_head.lr_scale)
+            self.critic_banner += f"; score_head: lr x {critic_head.lr_scale}"
         self._critic_only = False  # the latest window trained the critic alone (warmup)
         self.ratio_skipped = False  # the latest boundary was skipped by the ratio tripwire
         self._ratio_abs_log, self._ratio_tokens = 0.0, 0.0
@@ -101,8 +109,8 @@ class PpoTrainModule(GrpoTrainModule):
         hidden, weight = head_inputs(hidden, model.lm_head.weight, self.head_dtype)
         logp_flat, ent_flat = tempered_token_logprobs(hidden, weight, targets, self.temperature, cfg.chunk_size)
         logp, entropy = unflatten(logp_flat, real), unflatten(ent_flat, real)
-        adv = batch["token_advantages"]
-        per_token, clipped, ratio = policy_per_token(logp, batch["old_logprobs"], adv, cfg.clip)
+        adv, old = batch["token_advantages"], self._old_logprobs(batch, logp)  # pi_old (or this forward's)
+        per_token, clipped, ratio = policy_per_token(logp, old, adv, cfg.clip)
         if cfg.entropy_coef > 0:
             per_token = per_token - cfg.entropy_coef * unflatten(
                 token_entropy(hidden, weight, self.temperature, cfg.chunk_size), real)
@@ -112,12 +120,12 @@ class PpoTrainModule(GrpoTrainModule):
             per_token = per_token + self.ppo.kl_beta * kl_t
             kl = kl_t.detach()
         with torch.no_grad():
-            log_r = (logp.detach() - batch["old_logprobs"]) * mask
+            log_r = (logp.detach() - old) * mask
             sums = {"policy_tokens": mask.sum(), "policy_loss_sum": (per_token.detach() * mask).sum(),
                     "clip_sum": (clipped * mask).sum(), "ratio_sum": (ratio * mask).sum(),
                     "ratio_abs_log_sum": log_r.abs().sum(), "entropy_sum": (entropy * comp).sum(),
                     "entropy_tokens": comp.sum(), "adv_abs_sum": (adv.abs() * mask).sum(), "kl_sum": (kl * mask).sum(),
-                    "rho_abs_log_sum": ((batch["old_logprobs"] - batch["rollout_logprobs"]).abs() * comp).sum()}
+                    "rho_abs_log_sum": ((old - batch["rollout_logprobs"]).abs() * comp).sum()}
         return per_token, sums
 
     @torch.no_grad()

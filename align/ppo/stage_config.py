@@ -20,6 +20,7 @@ from align.rollout.protocol import RolloutConfig
 from align.tokenizer import TokenizerConfig
 from align.train.optim import OptimizerConfig
 from align.train.parallel import ParallelConfig
+from align.train.rm_module import RmHeadConfig
 from align.train.schedulers import SchedulerConfig
 from align.train.trainer import TrainerConfig
 
@@ -77,6 +78,7 @@ class PpoStageConfig(CommonConfig):
     inloop_eval: InLoopEvalConfig = field(default_factory=InLoopEvalConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)  # the policy's
     critic_optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)  # the critic's (constant lr)
+    critic_head: RmHeadConfig = field(default_factory=RmHeadConfig)  # the value head's lr = critic lr x lr_scale
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)  # the policy's schedule
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     lora: LoraConfig | None = None  # [lora] (align.ppo.lora_stage): the policy trains adapters, the critic does not

@@ -53,7 +53,7 @@ def main() -> int:
                             critic_from_policy(start, seed=cfg.run.seed, dtype=dtype, device=device()),
                             TrainModuleConfig(cfg.optimizer, cfg.scheduler, cfg.parallel), cfg.critic_optimizer,
                             cfg.loss, cfg.ppo, cfg.shape.temperature, cfg.train.max_steps, seed=cfg.run.seed,
-                            client=client, health=GrpoHealth(cfg.health))
+                            client=client, health=GrpoHealth(cfg.health), critic_head=cfg.critic_head)
     prompt_set, decode = PromptSet.from_shards(prompts), (lambda ids: tok.decode(ids, skip_special_tokens=True))
     inputs = {"start": checkpoint_content_hash(start), "prompts": prompts.digest}
     reward_model = None

@@ -24,7 +24,7 @@ from align.rl.rewards import CompositeReward, RewardConfig  # noqa: E402
 from align.rl.stage_config import DynamicSamplingConfig, RolloutShape  # noqa: E402
 from align.rl.token_logprobs import completion_logprobs  # noqa: E402
 from align.train.optim import OptimizerConfig  # noqa: E402
-from align.train.rm_module import critic_from_policy  # noqa: E402
+from align.train.rm_module import RmHeadConfig, critic_from_policy  # noqa: E402
 from align.train.schedulers import SchedulerConfig  # noqa: E402
 from align.train.train_module import TrainModuleConfig  # noqa: E402
 
@@ -32,7 +32,7 @@ SHAPE = RolloutShape(prompts=4, samples=4, max_new_tokens=4, num_minibatches=2, 
 
 
 def make_ppo(tmp: Path, ppo=PpoConfig(), loss=PpoLossConfig(), shape=SHAPE, lr=2e-2, steps=10, seed=0,
-             gae_cfg=GaeConfig(), reward_model=None, reward_model_weight=1.0):
+             gae_cfg=GaeConfig(), reward_model=None, reward_model_weight=1.0, critic_head=RmHeadConfig()):
     """(module, client, source) over a fresh tiny policy; the start checkpoint is written under `tmp`."""
     model = tiny_model(seed)
     start = tmp / "start"
@@ -42,7 +42,7 @@ def make_ppo(tmp: Path, ppo=PpoConfig(), loss=PpoLossConfig(), shape=SHAPE, lr=2
     critic = critic_from_policy(start, seed=seed)
     cfg = TrainModuleConfig(optimizer=OptimizerConfig(lr=lr), scheduler=SchedulerConfig(name="constant"))
     module = PpoTrainModule(model, critic, cfg, OptimizerConfig(lr=lr), loss, ppo, shape.temperature, steps,
-                            seed=seed, client=client)
+                            seed=seed, client=client, critic_head=critic_head)
     reference = copy.deepcopy(model).requires_grad_(False)
 
     @torch.no_grad()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from align.ppo.gae import GaeConfig, gae, masked_var, whiten
+from align.ppo.gae import GaeConfig, gae, masked_var, scale_negatives, whiten
 
 
 def _batch(seed=0, b=4, t=9):
@@ -78,3 +78,12 @@ def test_bad_input_is_named():
         whiten(torch.zeros(1, 3), torch.tensor([[True, False, False]]))
     with pytest.raises(ValueError, match="lam"):
         GaeConfig(lam=1.5)
+    with pytest.raises(ValueError, match="negative_scale"):
+        GaeConfig(negative_scale=-0.1)
+
+
+def test_scale_negatives_scales_only_the_negative_entries():
+    adv = torch.tensor([[1.5, -2.0, 0.0], [-0.5, 0.25, -4.0]])
+    assert torch.equal(scale_negatives(adv, 0.25), torch.tensor([[1.5, -0.5, 0.0], [-0.125, 0.25, -1.0]]))
+    assert torch.equal(scale_negatives(adv, 0.0), adv.clamp(min=0.0))
+    assert scale_negatives(adv, 1.0) is adv

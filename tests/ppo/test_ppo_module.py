@@ -14,7 +14,8 @@ from align.ppo.rewards import reward_model_scorer, token_rewards
 from align.ppo.stage_config import PpoConfig
 from align.rl.grpo_loss import k3_kl
 from align.rl.stage_config import RolloutShape
-from align.train.rm_module import critic_from_policy
+from align.ppo.gae import GaeConfig
+from align.train.rm_module import RmHeadConfig, critic_from_policy
 from align.train.train_module import AccumInfo, StepOutcome
 from align.train.trainer import Trainer, TrainerConfig
 from align.utils.tracking import read_history
@@ -180,3 +181,55 @@ def test_a_reward_model_score_joins_the_verifier_reward(tmp_path):
         assert torch.allclose(y["rewards"] - x["rewards"], 0.5 * own, atol=1e-5)
         assert not torch.equal(x["token_advantages"], y["token_advantages"])
     assert b[0]["stats"]["rollout/rm_rows"] == 16 and a[0]["stats"]["rollout/rm_rows"] == 0
+
+
+ONE_WINDOW = RolloutShape(prompts=4, samples=4, max_new_tokens=4, num_minibatches=1, micro_batch_size=8,
+                          truncated="keep")
+
+
+def test_one_window_without_kl_in_the_reward_takes_pi_old_from_its_own_forward(tmp_path):
+    calls = []
+    for ppo, from_forward in ((PpoConfig(kl_beta=0.0), True), (PpoConfig(kl_beta=0.1, kl_in="loss"), True),
+                              (PpoConfig(kl_beta=0.1, kl_in="reward"), False)):
+        module, _, source = make_ppo(tmp_path, ppo=ppo, shape=ONE_WINDOW)
+        scored = module.score
+        source.old_scorer = lambda batch: calls.append(1) or scored(batch)
+        calls.clear()
+        window = next(iter(source))
+        assert all(bool(mb.get("old_from_forward")) is from_forward for mb in window)
+        assert bool(calls) is not from_forward  # the policy's scoring pass is skipped exactly when not needed
+        if from_forward:  # the same loss as with pi_old scored separately (the same head, the same weights)
+            mb = window[0]
+            own = module.loss(module.model, mb)
+            explicit = module.loss(module.model, {**{k: v for k, v in mb.items() if k != "old_from_forward"},
+                                                  "old_logprobs": scored(mb)})
+            assert own.loss.item() == pytest.approx(explicit.loss.item(), rel=1e-6, abs=1e-7)
+            assert own.sums["ratio_abs_log_sum"] == 0
+    _, _, _, rows = fit(tmp_path, "run", 3, ppo=PpoConfig(kl_beta=0.0), shape=ONE_WINDOW)
+    assert [r["applied"] for r in rows] == [1, 1, 1]  # the version check holds after every applied step
+
+
+def test_a_stale_window_flagged_old_from_forward_is_refused(tmp_path):
+    module, _, source = make_ppo(tmp_path, ppo=PpoConfig(kl_beta=0.0), shape=ONE_WINDOW)
+    window = next(iter(source))
+    assert train_window(module, window) is StepOutcome.APPLIED
+    with pytest.raises(RuntimeError, match="old_from_forward"):  # replaying it: its forward is no longer pi_old
+        module.loss(module.model, window[0])
+
+
+def test_negative_scale_zero_keeps_only_the_positive_advantages(tmp_path):
+    _, _, plain = make_ppo(tmp_path)
+    _, _, psr = make_ppo(tmp_path, gae_cfg=GaeConfig(negative_scale=0.0))
+    a, b = next(iter(plain)), next(iter(psr))  # same seeds, same weights: the same samples and advantages
+    for x, y in zip(a, b):
+        assert (x["token_advantages"] < 0).any()
+        assert torch.equal(y["token_advantages"], x["token_advantages"].clamp(min=0.0))
+
+
+def test_the_critic_head_lr_scale_gives_the_value_head_its_own_group(tmp_path):
+    module, _, _ = make_ppo(tmp_path, critic_head=RmHeadConfig(lr_scale=10.0))
+    groups = {g["name"]: g for g in module.critic_optimizer.param_groups}
+    head = [g for name, g in groups.items() if name.startswith("score_head")]
+    assert len(head) == 1 and head[0]["lr"] == pytest.approx(10 * 2e-2)
+    assert {id(p) for p in head[0]["params"]} == {id(p) for p in module.critic.score.parameters()}
+    assert all(g["lr"] == pytest.approx(2e-2) for name, g in groups.items() if not name.startswith("score_head"))

@@ -3,9 +3,10 @@
 A stage config holds `lora: LoraConfig | None = None`; with the table present the stage
 1. `maybe_lora(model, cfg.lora)` right after building the policy and before its TrainModule, so the optimizer is
    built over the adapters only (align.train.optim takes parameters with requires_grad);
-2. checkpoints and resume need nothing: the state dict keeps the base keys and gains `<m>.lora_{A,B}.weight`, which
-   the Trainer's checkpoint `model/` holds and streams back like any parameter (so a checkpoint of a LoRA run holds
-   the frozen base too, and its `model/` is align's resume state, not a checkpoint for transformers);
+2. `Trainer(..., weight_format=lora_weight_format(cfg.lora, module.model, base, run_dir))`
+   (align.ppo.lora_checkpoint): a step checkpoint's `model/` holds the adapters and names the frozen base by path
+   and content hash (the base is never copied per step; a from-scratch base is written once per run), resume reads
+   the base back from it after checking the hash;
 3. `publish_final(trainer, cfg.lora, final, ...)`: `final/` is the MERGED ordinary HF checkpoint (W + B A alpha/r,
    align.ppo.lora.merge_state_dict), its round trip checked bitwise against the merged weights as the Trainer checks
    its own, plus, with `save_adapter = true`, the adapter alone in peft's layout under `final/adapter/` (written
@@ -143,7 +144,8 @@ def _publish_merged(trainer, lora: LoraConfig, weights: dict, final: Path, base_
     merged = merge_state_dict(weights, lora.scaling)
     tmp = staging_dir(final)  # final.partial-<pid>: cleaned by the next writer if this process dies
     tmp.rmdir()  # the weight format publishes its own staging dir here
-    trainer.weight_format.write(trainer.module.model, merged, tmp, **kwargs)
+    fmt = trainer.weight_format  # a LoRA run's steps use LoraWeightFormat; final/ is the family's own layout
+    getattr(fmt, "inner", fmt).write(trainer.module.model, merged, tmp, **kwargs)
     if lora.save_adapter:
         save_adapter_state(peft_adapter_state(weights), lora, tmp / "adapter", base_model)
         manifest = read_manifest(tmp)

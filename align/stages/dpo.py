@@ -32,6 +32,7 @@ from align.exceptions import ConfigError
 from align.exit_codes import exit_stage
 from align.model.checkpoint import DTYPES, load_checkpoint, tokenizer_dir_for
 from align.ppo.lora import LoraConfig
+from align.ppo.lora_checkpoint import lora_weight_format
 from align.ppo.lora_stage import inloop_eval, maybe_lora, publish_final
 from align.profile import CommonConfig
 from align.tokenizer import Tokenizer, TokenizerConfig
@@ -176,7 +177,8 @@ def main() -> int:
     callbacks += [inloop] if inloop is not None else []
     callbacks += moe_callbacks(cfg.moe_aux)
     inputs = {"reference": cache.key.reference, "pairs": shards.digest, "ref_cache": cache.key.digest()}
-    trainer = Trainer(cfg.train, module, loader, run_dir, callbacks, identity=run_identity(cfg, inputs))
+    trainer = Trainer(cfg.train, module, loader, run_dir, callbacks, identity=run_identity(cfg, inputs),
+                      weight_format=lora_weight_format(cfg.lora, module.model, reference, run_dir))
     code = trainer.fit()
     if code != 0:
         return code

@@ -22,6 +22,7 @@ from align.eval.inloop import build_inloop_eval, verifier_task
 from align.exit_codes import exit_stage
 from align.model.checkpoint import DTYPES, checkpoint_content_hash, load_checkpoint, tokenizer_dir_for
 from align.ppo.lora import LoraConfig
+from align.ppo.lora_checkpoint import lora_weight_format
 from align.ppo.lora_stage import maybe_lora, publish_final
 from align.rl.batch_source import GrpoBatchSource, PromptSet
 from align.rl.canary import Canary, evaluate
@@ -91,7 +92,8 @@ def main() -> int:
     callbacks += [inloop] if inloop is not None else []
     callbacks += moe_callbacks(cfg.moe_aux)
     inputs = {"start": checkpoint_content_hash(start), "prompts": prompts.digest}
-    trainer = Trainer(cfg.train, module, source, run_dir, callbacks, identity=run_identity(cfg, inputs))
+    trainer = Trainer(cfg.train, module, source, run_dir, callbacks, identity=run_identity(cfg, inputs),
+                      weight_format=lora_weight_format(cfg.lora, module.model, start, run_dir))  # None: no [lora]
     code = trainer.fit()
     if code != 0:
         return code

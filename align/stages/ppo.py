@@ -22,6 +22,7 @@ from align.model.checkpoint import DTYPES, checkpoint_content_hash, load_checkpo
     tokenizer_dir_for
 from align.model.mistral import MistralForValueHead
 from align.ppo.batch_source import PpoBatchSource
+from align.ppo.lora_checkpoint import lora_weight_format
 from align.ppo.lora_stage import maybe_lora, publish_final
 from align.ppo.module import PpoTrainModule
 from align.ppo.rewards import reward_model_scorer
@@ -79,7 +80,8 @@ def main() -> int:
                  ProgressLine(cfg.train.max_steps, label="ppo")]
     inloop = build_inloop_eval(cfg.inloop_eval, runs, tok, module, cfg.train.max_steps, client=client)
     callbacks += [inloop] if inloop is not None else []
-    trainer = Trainer(cfg.train, module, source, run_dir, callbacks, identity=run_identity(cfg, inputs))
+    trainer = Trainer(cfg.train, module, source, run_dir, callbacks, identity=run_identity(cfg, inputs),
+                      weight_format=lora_weight_format(cfg.lora, module.model, start, run_dir))  # None: no [lora]
     code = trainer.fit()
     if code != 0:
         return code

@@ -29,6 +29,7 @@ from align.model.checkpoint import DTYPES, checkpoint_content_hash, load_checkpo
 from align.model.family import from_scratch
 from align.model.olmoe import ExpertLayout
 from align.ppo.lora import LoraConfig
+from align.ppo.lora_checkpoint import lora_weight_format
 from align.ppo.lora_stage import inloop_eval, maybe_lora, publish_final
 from align.profile import CommonConfig
 from align.tokenizer import Tokenizer, TokenizerConfig
@@ -112,7 +113,8 @@ def fit_and_publish(cfg, module, loader, run_dir: Path, callbacks: list, tok_dir
                     lora: LoraConfig | None = None) -> int:
     """Train (resuming a checkpoint of the same run identity), then publish `final/` (collective: every rank;
     with `lora` the merged checkpoint, align.ppo.lora_stage.publish_final)."""
-    trainer = Trainer(cfg.train, module, loader, run_dir, callbacks, identity=run_identity(cfg, inputs))
+    trainer = Trainer(cfg.train, module, loader, run_dir, callbacks, identity=run_identity(cfg, inputs),
+                      weight_format=lora_weight_format(lora, module.model, cfg.model.base or None, run_dir))
     code = trainer.fit()
     if code != 0:
         return code

@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file
 
 from align.config import load_config
-from align.model.checkpoint import load_checkpoint, save_checkpoint
+from align.model.checkpoint import checkpoint_content_hash, load_checkpoint, save_checkpoint
 from align.ppo.lora import LoraConfig, apply_lora, lora_layers, merge_state_dict
 from align.ppo.lora_stage import AdapterWeightsClient, MergedWeightsClient, inloop_eval
 from align.rollout.native import NativeRolloutClient
@@ -100,10 +100,26 @@ def test_sft_with_lora_trains_only_adapters_and_publishes_the_merged_model(sft_r
     base = _base_state(config)
     _check_merged_final(run_dir / "final", base)
     assert json.loads((run_dir / "final" / "adapter" / "adapter_config.json").read_text())["r"] == 4
-    # the last checkpoint (resume state) holds the frozen base unchanged beside the adapters
-    ckpt = load_file(str(run_dir / "checkpoints" / "step_4" / "model" / "model.safetensors"))
-    assert {k for k in ckpt if "lora" in k} and all(torch.equal(ckpt[k], base[k]) for k in ckpt if k in base)
+    # the step checkpoints hold the adapters and name the frozen base, written once per run (a from-scratch base)
+    steps = sorted((run_dir / "checkpoints").glob("step_*"))
+    assert steps and steps[-1].name == "step_4"  # (older ones pruned by keep_last)
+    for step in steps:
+        assert sorted(p.name for p in (step / "model").iterdir()) == [
+            "adapters.safetensors", "config.json", "lora_base.json"]
+        assert set(load_file(str(step / "model" / "adapters.safetensors"))) == {
+            k for k in model_keys(run_dir) if ".lora_" in k}
+        ref = json.loads((step / "model" / "lora_base.json").read_text())
+        assert ref["path"] == str((run_dir / "checkpoints" / "lora_base").resolve())
+    written = load_file(str(run_dir / "checkpoints" / "lora_base" / "model.safetensors"))
+    assert written.keys() == {k for k in base if k != "lm_head.weight"} or written.keys() == base.keys()
+    assert all(torch.equal(written[k], base[k]) for k in written)
     assert [r["step"] for r in read_history(run_dir / "history.jsonl")] == [1, 2, 3, 4]
+
+
+def model_keys(run_dir: Path) -> set[str]:
+    """The LoRA policy's state-dict keys: the published adapter's, under the model's own names."""
+    adapter = load_file(str(run_dir / "final" / "adapter" / "adapter_model.safetensors"))
+    return {k.removeprefix("base_model.model.") for k in adapter}
 
 
 def test_sft_with_lora_and_inloop_eval_evaluates_the_lora_policy(sft_runs, tmp_path, monkeypatch):
@@ -190,6 +206,13 @@ def test_grpo_with_lora_pushes_the_adapters_and_publishes_the_merged_policy(tmp_
     assert run_worker("align.stages.grpo", config, runs, run_dir, "train.max_wall_seconds=0") == 82
     assert run_worker("align.stages.grpo", config, runs, run_dir) == 0
     assert not (run_dir / "checkpoints.superseded").exists()  # it did resume
+    # the step checkpoints name the start checkpoint (the frozen base) by path and hash instead of copying it
+    start_dir = runs / "dpo_checkpoint" / "final"
+    for step in (run_dir / "checkpoints").glob("step_*"):
+        assert not (step / "model" / "model.safetensors").exists()
+        assert json.loads((step / "model" / "lora_base.json").read_text()) == {
+            "path": str(start_dir.resolve()), "content_hash": checkpoint_content_hash(start_dir)}
+    assert not (run_dir / "checkpoints" / "lora_base").exists()
     assert pushed and all(keys and all(".lora_" in k for k in keys) for keys in pushed)  # the adapters alone ...
     final = load_file(str(run_dir / "final" / "model.safetensors"))  # ... and a plain published checkpoint
     start = load_file(str(runs / "dpo_checkpoint" / "final" / "model.safetensors"))

@@ -137,12 +137,9 @@ def apply_lora(model: nn.Module, cfg: LoraConfig) -> nn.Module:
     if any(isinstance(m, LoraLinear) for m in model.modules()):
         raise ValueError("apply_lora: the model already has LoRA adapters")
     shared = _shared_weights(model)
+    _refuse_unsupported_targets(model, cfg.target_modules)
     targets = [(name, m) for name, m in model.named_modules()
                if isinstance(m, nn.Linear) and _matches(name, cfg.target_modules)]
-    if not targets:
-        linears = sorted({n.rpartition(".")[2] for n, m in model.named_modules() if isinstance(m, nn.Linear)})
-        raise ValueError(f"apply_lora: no nn.Linear matches target_modules {list(cfg.target_modules)}; "
-                         f"the model's Linear names are {linears}")
     for name, linear in targets:
         if id(linear.weight) in shared:
             raise ValueError(f"apply_lora: {name}.weight is tied to another parameter; LoRA on it is not supported")
@@ -151,6 +148,29 @@ def apply_lora(model: nn.Module, cfg: LoraConfig) -> nn.Module:
     for name, linear in targets:
         _set_submodule(model, name, LoraLinear(linear, cfg))
     return model
+
+
+def _refuse_unsupported_targets(model: nn.Module, targets: tuple[str, ...]) -> None:
+    """Every target must name nn.Linear modules only: a target that matches a module or parameter of another kind
+    (OLMoE's experts are stacked 3-D parameters `mlp.experts.gate_up_proj` [E, 2I, d] / `mlp.experts.down_proj`
+    [E, d, I], its router `mlp.gate` a Router) or nothing at all would leave part of what the config asked for
+    silently unadapted (OLMoE with the default targets trained its attention only)."""
+    linears = sorted({n.rpartition(".")[2] for n, m in model.named_modules() if isinstance(m, nn.Linear)})
+    supported = [n for n in linears if n != "lm_head"] or linears
+    hits = {t: [(n, m) for n, m in model.named_modules() if n and _matches(n, (t,))] for t in targets}
+    for target in targets:  # first the wrong kinds (the more telling error), then the names that match nothing
+        other = [(n, type(m).__name__) for n, m in hits[target] if not isinstance(m, nn.Linear)]
+        other += [(n, f"a {tuple(p.shape)} parameter") for n, p in model.named_parameters()
+                  if _matches(n, (target,))]
+        if other:
+            name, kind = other[0]
+            raise ValueError(f"apply_lora: target module {target!r} matches {name} ({kind}), which is not an nn.Linear: "
+                             f"LoRA here wraps nn.Linear only (per-expert adapters on {type(model).__name__}'s "
+                             f"stacked expert weights are not supported); supported targets on this model: {supported}")
+    for target in targets:
+        if not hits[target]:
+            raise ValueError(f"apply_lora: target module {target!r} matches no module of {type(model).__name__}; "
+                             f"supported targets on this model: {supported}")
 
 
 def _set_submodule(model: nn.Module, name: str, module: nn.Module) -> None:

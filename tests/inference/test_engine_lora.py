@@ -139,3 +139,28 @@ def test_engine_sync_merged_keeps_the_plain_sampler():
     assert not lora_layers(client.engine.model)
     with pytest.raises(ValueError, match="engine_sync"):
         LoraConfig(engine_sync="fused")
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_olmoe_attention_adapters_sample_as_the_merged_model(kernel):
+    """OLMoE: adapters on the attention projections (what apply_lora supports there) run before the QK-norm."""
+    from test_engine_olmoe import small_olmoe
+
+    policy = small_olmoe()
+    cfg = LoraConfig(rank=4, alpha=8.0, target_modules=("q_proj", "k_proj", "v_proj", "o_proj"))
+    apply_lora(policy, cfg)
+    g = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for layer in lora_layers(policy).values():
+            layer.lora_B.weight.copy_(torch.randn(layer.lora_B.weight.shape, generator=g) * 0.05)
+    merged = small_olmoe()
+    merged.load_state_dict(merge_state_dict(policy.state_dict(), cfg.scaling))
+    reqs = _requests(merged.config.vocab_size)
+    want = Engine(merged, EngineConfig(linear_kernel=kernel)).generate(reqs)
+    client = AdapterWeightsClient(NativeRolloutClient(small_olmoe().requires_grad_(False),
+                                                      EngineConfig(linear_kernel=kernel)), cfg)
+    client.update_weights({k: p.detach() for k, p in policy.named_parameters()})
+    got = client.engine.generate(reqs)
+    for w, g_ in zip(want, got):
+        assert g_.token_ids == w.token_ids
+        torch.testing.assert_close(torch.tensor(g_.model_logprobs), torch.tensor(w.model_logprobs), atol=2e-5, rtol=0)

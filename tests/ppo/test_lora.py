@@ -117,7 +117,7 @@ def test_bad_configs_and_targets_are_named():
     with pytest.raises(ValueError, match="dropout"):
         LoraConfig(dropout=1.0)
     model = MistralForCausalLM(tiny_config())
-    with pytest.raises(ValueError, match="no nn.Linear matches.*q_proj"):
+    with pytest.raises(ValueError, match="'qkv' matches no module of MistralForCausalLM.*q_proj"):
         apply_lora(model, LoraConfig(target_modules=("qkv",)))
     tied = MistralForCausalLM(tiny_config(tie_word_embeddings=True))
     with pytest.raises(ValueError, match="lm_head.weight is tied"):
@@ -125,6 +125,26 @@ def test_bad_configs_and_targets_are_named():
     apply_lora(model, CFG)
     with pytest.raises(ValueError, match="already has LoRA"):
         apply_lora(model, CFG)
+
+
+def test_olmoe_expert_targets_are_refused_by_name():
+    """OLMoE's experts are stacked 3-D weights, not nn.Linear: a target naming them (the default targets do:
+    down_proj) is one error naming the module and what is supported, never attention-only in silence."""
+    from align.model.olmoe import OlmoeConfig, OlmoeForCausalLM
+
+    model = OlmoeForCausalLM(OlmoeConfig(vocab_size=384, hidden_size=64, intermediate_size=32, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                         num_experts=4, num_experts_per_tok=2, pad_token_id=0))
+    with pytest.raises(ValueError, match=r"'down_proj' matches model.layers.0.mlp.experts.down_proj \(a \(4, 64, 32\) "
+                                         r"parameter\), which is not an nn.Linear.*'o_proj', 'q_proj', 'v_proj'"):
+        apply_lora(model, LoraConfig())  # the default targets
+    with pytest.raises(ValueError, match=r"'gate' matches model.layers.0.mlp.gate \(Router\)"):
+        apply_lora(model, LoraConfig(target_modules=("q_proj", "gate")))
+    with pytest.raises(ValueError, match="'gate_proj' matches no module of OlmoeForCausalLM"):
+        apply_lora(model, LoraConfig(target_modules=("q_proj", "gate_proj")))
+    assert not any(p.requires_grad is False for p in model.parameters())  # refused before anything was frozen
+    apply_lora(model, LoraConfig(target_modules=("q_proj", "k_proj", "v_proj", "o_proj")))  # attention: supported
+    assert len(lora_layers(model)) == 8
 
 
 def test_dropout_applies_to_the_adapter_path_only():

@@ -9,7 +9,9 @@ Per rollout, after the samples are drawn and scored by CompositeReward:
        token when kl_in = "reward"
     3. GAE over the completion tokens (align.ppo.gae): token_advantages, returns; advantages whitened over the
        rollout's loss tokens when [gae] whiten_advantages
-    (with a reward model, its score of every row, times [reward] model_weight, joins the score first)
+    (with a reward model, its score of every row, times [reward] model_weight, joins the score first; with a
+    process reward model, its per-step rewards at each step's last token join the per-token rewards,
+    align.ppo.process_rewards)
     4. epochs x num_minibatches windows (align.rl.assembly.plan_windows); the first `critic_warmup_rollouts`
        rollouts' micro-batches carry `critic_only` (the module then trains the critic alone)
 Every training row is scored by pi_old before the first step when the KL is in the reward (the advantages need
@@ -49,7 +51,8 @@ class PpoBatchSource(GrpoBatchSource):
                  dynamic: DynamicSamplingConfig, ppo: PpoConfig, gae_cfg: GaeConfig, *, seed: int, eos_id: int,
                  policy_version: Callable[[], int], old_scorer: Scorer | None, value_scorer: Scorer,
                  ref_scorer: Scorer | None = None, world_size: int = 1,
-                 reward_model: Callable[[dict], torch.Tensor] | None = None, reward_model_weight: float = 1.0):
+                 reward_model: Callable[[dict], torch.Tensor] | None = None, reward_model_weight: float = 1.0,
+                 process_reward: Callable[[dict], torch.Tensor] | None = None):
         if reward.needs_reference:
             raise ValueError("PpoBatchSource: [reward] kl_coef must be 0; PPO's KL is [ppo] kl_beta")
         if ppo.kl_beta > 0 and ref_scorer is None:
@@ -59,6 +62,7 @@ class PpoBatchSource(GrpoBatchSource):
                          world_size=world_size)
         self.ppo, self.gae_cfg, self.value_scorer = ppo, gae_cfg, value_scorer
         self.reward_model, self.reward_model_weight = reward_model, reward_model_weight
+        self.process_reward = process_reward  # (N, C) per-token rewards of a PRM (align.ppo.process_rewards)
 
     def _rollout(self) -> list[list[dict]]:
         t0 = time.perf_counter()
@@ -87,6 +91,10 @@ class PpoBatchSource(GrpoBatchSource):
             batch["rewards"] = batch["rewards"] + self.reward_model_weight * rm
             rm_sum = float(rm.sum())
         rewards, kl = token_rewards(batch["rewards"], comp, batch["old_logprobs"], ref, beta)
+        process = None
+        if self.process_reward is not None:  # the PRM's reward at each step's last token, beside the outcome's
+            process = self._score(batch, self.process_reward)
+            rewards = rewards + process
         adv, returns = gae(rewards.double(), batch["old_values"].double(), comp, self.gae_cfg.gamma,
                            self.gae_cfg.lam)
         if self.gae_cfg.whiten_advantages and loss_mask.sum() >= 2:
@@ -100,7 +108,9 @@ class PpoBatchSource(GrpoBatchSource):
                  "rollout/refused_windows": float(self.refused), "rollout/ranks": 1.0,
                  "rollout/kl_sum": float(kl.sum()), "rollout/kl_tokens": float(comp.sum()),
                  "rollout/critic_only": float(critic_only), "rollout/rm_score_sum": rm_sum,
-                 "rollout/rm_rows": float(comp.shape[0]) if self.reward_model is not None else 0.0}
+                 "rollout/rm_rows": float(comp.shape[0]) if self.reward_model is not None else 0.0,
+                 "rollout/process_reward_sum": float(process.sum()) if process is not None else 0.0,
+                 "rollout/process_steps": float((process != 0).sum()) if process is not None else 0.0}
         self.rollouts += 1
         self.refused = 0
         attach_stats(windows, stats)

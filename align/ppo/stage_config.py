@@ -53,11 +53,18 @@ class PpoRewardConfig(RewardConfig):
 
     model: str = ""  # a reward model under <runs> (the `rm_checkpoint` rung: "rm_checkpoint/final"); "": none
     model_weight: float = 1.0  # total = CompositeReward's total + model_weight * the model's score
+    # a process reward model under <runs> (MistralForProcessReward, align.train.rm_process); "": none. Its reward
+    # process_weight * (2 sigmoid(logit) - 1) at the last token of every step (line) joins the per-token rewards
+    process_model: str = ""
+    process_weight: float = 1.0
 
     def __post_init__(self):
         super().__post_init__()
         if self.model and not self.model_weight > 0:
             raise ValueError(f"PpoRewardConfig.model_weight must be > 0 with a reward model, got {self.model_weight}")
+        if self.process_model and not self.process_weight > 0:
+            raise ValueError(f"PpoRewardConfig.process_weight must be > 0 with a process reward model, got "
+                             f"{self.process_weight}")
 
 
 @dataclass(frozen=True, kw_only=True)

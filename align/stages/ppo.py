@@ -4,13 +4,14 @@
 
 Reads what GRPO reads (align.stages.grpo): `<runs>/<data.start>` (the policy's and the reference's initial weights,
 and the critic's trunk), `<runs>/<data.prompts>` and `<runs>/<data.eval>`, and with `[reward] model` a reward model (the `rm_checkpoint` rung's
-final/) whose score joins the verifier's reward. The sampler is the align Engine on its
+final/) whose score joins the verifier's reward; with `[reward] process_model` a process reward model
+(MistralForProcessReward) whose per-step rewards join the per-token rewards (align.ppo.process_rewards). The sampler is the align Engine on its
 own copy of the weights, updated in memory after every applied policy step (align.ppo.module). The receipt's
 metrics are GRPO's (align.rl.report.heldout_receipt: held-out greedy accuracy before and after, per level, the
 paired interval, the reward curve). Publishes `<run_dir>/final/` (the policy, HF format) and `<run_dir>/critic/`
 (the value model, HF MistralForSequenceClassification layout). Resumes from `<run_dir>/checkpoints/` like every
 Trainer stage (the critic and its optimizer ride in the module's extra state). One process. `[lora]` as in GRPO
-(align.ppo.lora_stage): the policy trains adapters, the sampler gets merged weights, final/ is the merged model; the
+(align.ppo.lora_stage): the policy trains adapters, the sampler gets the adapters, final/ is the merged model; the
 critic trains in full."""
 
 from __future__ import annotations
@@ -20,11 +21,12 @@ from align.eval.inloop import build_inloop_eval, verifier_task
 from align.exit_codes import exit_stage
 from align.model.checkpoint import DTYPES, checkpoint_content_hash, load_checkpoint, save_checkpoint, \
     tokenizer_dir_for
-from align.model.mistral import MistralForValueHead
+from align.model.mistral import MistralForProcessReward, MistralForValueHead
 from align.ppo.batch_source import PpoBatchSource
 from align.ppo.lora_checkpoint import lora_weight_format
 from align.ppo.lora_stage import maybe_lora, publish_final
 from align.ppo.module import PpoTrainModule
+from align.ppo.process_rewards import newline_token_ids, process_reward_scorer
 from align.ppo.rewards import reward_model_scorer
 from align.ppo.stage_config import PpoStageConfig
 from align.rl.batch_source import PromptSet
@@ -63,6 +65,13 @@ def main() -> int:
         reward_model = reward_model_scorer(load_checkpoint(rm_dir, dtype=dtype, device=device(),
                                                            cls=MistralForValueHead))
         inputs["reward_model"] = checkpoint_content_hash(rm_dir)
+    process_reward = None
+    if cfg.reward.process_model:  # a PRM's per-step rewards (align.ppo.process_rewards)
+        prm_dir = runs / cfg.reward.process_model
+        process_reward = process_reward_scorer(
+            load_checkpoint(prm_dir, dtype=dtype, device=device(), cls=MistralForProcessReward),
+            newline_token_ids(tok), tok.eos_id, cfg.reward.process_weight)
+        inputs["process_model"] = checkpoint_content_hash(prm_dir)
     source = PpoBatchSource(
         prompt_set, client, decode, CompositeReward(cfg.reward, cfg.shape.max_new_tokens),
         PromptCurriculum(prompt_set.groups, cfg.curriculum, cfg.run.seed, rank(), world_size()), cfg.shape,
@@ -70,7 +79,7 @@ def main() -> int:
         policy_version=lambda: module.version,
         old_scorer=module.score if cfg.shape.old_logprobs == "recompute" else None, value_scorer=module.values,
         ref_scorer=reference_scorer(start, cfg) if cfg.ppo.kl_beta > 0 else None, world_size=world_size(),
-        reward_model=reward_model, reward_model_weight=cfg.reward.model_weight)
+        reward_model=reward_model, reward_model_weight=cfg.reward.model_weight, process_reward=process_reward)
     task = verifier_task(heldout, decode, tok.eos_id)
     rows = range(min(cfg.data.eval_rows or len(heldout), len(heldout)))
     before = evaluate(client, task, rows, cfg.data.eval_max_new_tokens)

@@ -14,10 +14,11 @@ from pipeline.stages.ingest import inloop_manifests, stage_table, table_manifest
 
 
 def _inputs(ctx: StageCtx) -> list[Path]:
-    """GRPO's inputs, the in-loop sets, and the reward model's manifest when `[reward] model` names one (so doit
-    builds rm_checkpoint first)."""
-    model = stage_table(ctx.layout, "ppo.toml", "reward").get("model")
-    rm = [ctx.layout.runs / model / "manifest.json"] if isinstance(model, str) and model else []
+    """GRPO's inputs, the in-loop sets, and the reward model's (and the process reward model's) manifest when
+    `[reward] model` (`process_model`) names one (so doit builds it first)."""
+    reward = stage_table(ctx.layout, "ppo.toml", "reward")
+    rm = [ctx.layout.runs / reward[key] / "manifest.json" for key in ("model", "process_model")
+          if isinstance(reward.get(key), str) and reward[key]]
     return table_manifests(ctx.layout, "ppo.toml", "data", DEFAULTS) + inloop_manifests(ctx.layout, "ppo.toml") + rm
 
 

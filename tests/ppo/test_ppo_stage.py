@@ -114,6 +114,30 @@ def test_stage_rewards_with_a_reward_model(tmp_path, monkeypatch):
     assert final["inputs"]["reward_model"] == checkpoint_content_hash(rm_dir)
 
 
+def test_stage_rewards_steps_with_a_process_reward_model(tmp_path, monkeypatch):
+    import torch
+
+    from align.model.checkpoint import load_checkpoint, save_checkpoint
+    from align.model.mistral import MistralForProcessReward
+    from align.utils.manifest import read_manifest
+
+    runs, config = setup(tmp_path)
+    prm_dir = runs / "prm" / "final"  # a PRM on the start's trunk (what align.train.rm_process trains)
+    start = load_checkpoint(runs / "dpo_checkpoint" / "final")
+    torch.manual_seed(3)
+    prm = MistralForProcessReward(start.config)
+    prm.model.load_state_dict(start.model.state_dict())
+    save_checkpoint(prm, prm_dir)
+    run_dir = runs / "with_prm"
+    assert run_worker(monkeypatch, runs, config, run_dir, "reward.process_model=prm/final",
+                      "reward.process_weight=0.5", "train.max_steps=2") == 0
+    rows = read_history(run_dir / "history.jsonl")
+    assert rows[0]["rollout/process_steps"] > 0  # the samples' step ends got the PRM's rewards
+    assert 0 < abs(rows[0]["rollout/process_reward_sum"]) <= 0.5 * rows[0]["rollout/process_steps"]
+    final = read_manifest(run_dir / "final", kind="hf_checkpoint")
+    assert final["inputs"]["process_model"] == checkpoint_content_hash(prm_dir)
+
+
 def test_task_depends_on_the_reward_model_only_when_named(tmp_path):
     from pipeline.layout import Layout, Project, StageCtx
     from pipeline.stages.ppo import STAGE
@@ -127,6 +151,8 @@ def test_task_depends_on_the_reward_model_only_when_named(tmp_path):
                     "shards/eval/out/manifest.json"]
     (layout.configs / "ppo.toml").write_text('[reward]\nmodel = "rm_checkpoint/final"\n')
     assert STAGE.file_dep(ctx)[-1] == layout.runs / "rm_checkpoint/final/manifest.json"
+    (layout.configs / "ppo.toml").write_text('[reward]\nprocess_model = "prm/final"\n')
+    assert STAGE.file_dep(ctx)[-1] == layout.runs / "prm/final/manifest.json"
     assert STAGE.extra and STAGE.optional
 
 

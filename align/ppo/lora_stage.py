@@ -80,7 +80,10 @@ class AdapterWeightsClient:
             raise ValueError(f"[lora] engine_sync = 'adapters' needs the native rollout backend (its Engine runs the "
                              f"adapters); {type(client).__name__} has none: set engine_sync = 'merged'")
         if not lora_layers(engine.model):
-            apply_lora(engine.model, cfg)
+            # NOTE: the sampler's adapter init is overwritten by the first push; it must not draw from the global
+            # RNG, or wrapping the sampler would change the policy's own adapter init (maybe_lora runs after it)
+            with torch.random.fork_rng(devices=[]):
+                apply_lora(engine.model, cfg)
             engine.model.requires_grad_(False)
         self.client, self.base_checked = client, False
 

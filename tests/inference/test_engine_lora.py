@@ -164,3 +164,15 @@ def test_olmoe_attention_adapters_sample_as_the_merged_model(kernel):
     for w, g_ in zip(want, got):
         assert g_.token_ids == w.token_ids
         torch.testing.assert_close(torch.tensor(g_.model_logprobs), torch.tensor(w.model_logprobs), atol=2e-5, rtol=0)
+
+
+def test_wrapping_the_sampler_leaves_the_global_rng_alone():
+    """The stage wraps the sampler before the policy (open_rl_stage, then maybe_lora): the policy's adapter init
+    must not depend on it."""
+    _, cfg = _policy()
+    sampler = NativeRolloutClient(small_model().eval().requires_grad_(False))
+    torch.manual_seed(11)
+    want = torch.rand(4)
+    torch.manual_seed(11)
+    AdapterWeightsClient(sampler, cfg)
+    assert torch.equal(torch.rand(4), want)

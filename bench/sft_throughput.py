@@ -7,7 +7,9 @@ align runs the real Trainer (the loop the SFT stage runs, with its probes and hi
 by a callback; the final checkpoint is written after the timed steps. Prints ONE JSON line; wall figures depend on
 the machine's load (reported), CPU seconds per step less so.
 
-    python bench/sft_throughput.py [--steps 8] [--warmup 2] [--threads 2] [--chunk 1024]
+    python bench/sft_throughput.py [--steps 8] [--warmup 2] [--threads 2] [--chunk 1024] [--kernel auto|native|torch]
+
+`--kernel torch` runs align's head with its per-row passes in torch ops, as before the C rows (csrc/ce_rows.c).
 """
 
 from __future__ import annotations
@@ -79,7 +81,7 @@ def side_align(args) -> dict:
     cfg = TrainModuleConfig(optimizer=OptimizerConfig(lr=1e-4, max_grad_norm=1.0),
                             scheduler=SchedulerConfig(name="constant"))
     steps = args.warmup + args.steps
-    module = SftTrainModule(model, cfg, SftLossConfig(chunk_size=args.chunk), total_steps=steps)
+    module = SftTrainModule(model, cfg, SftLossConfig(chunk_size=args.chunk, kernel=args.kernel), total_steps=steps)
     ids = _ids()
     batch = {"input_ids": ids, "labels": ids.clone(), "attention_mask": torch.ones_like(ids, dtype=torch.bool)}
 
@@ -172,7 +174,7 @@ def _result(clock: _Clock, args) -> dict:
 
 def _run_side(side: str, args, tmp: str) -> dict:
     cmd = [sys.executable, __file__, "--side", side, "--tmp", tmp, "--steps", str(args.steps), "--warmup",
-           str(args.warmup), "--threads", str(args.threads), "--chunk", str(args.chunk)]
+           str(args.warmup), "--threads", str(args.threads), "--chunk", str(args.chunk), "--kernel", args.kernel]
     env = {**os.environ, "TQDM_DISABLE": "1", "PYTHONWARNINGS": "ignore"}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
@@ -188,6 +190,7 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--chunk", type=int, default=1024)
+    p.add_argument("--kernel", choices=("auto", "native", "torch"), default="auto")
     args = p.parse_args()
     if args.side:
         import torch
@@ -196,7 +199,7 @@ def main() -> None:
         print(json.dumps({"align": side_align, "hf": side_hf, "trl": side_trl}[args.side](args)))
         return
     out = {"bench": "sft_throughput", "batch": BATCH, "seq": SEQ, "model": SHAPE, "dtype": "float32",
-           "threads": args.threads, "chunk_size": args.chunk,
+           "threads": args.threads, "chunk_size": args.chunk, "kernel": args.kernel,
            "allocator": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")} or "glibc default"}
     with tempfile.TemporaryDirectory() as tmp:
         out["align"] = _run_side("align", args, tmp)

@@ -3,8 +3,14 @@
 A plain LM head materialises `hidden @ W.T` for every token (2048 tokens x 32768 vocab x 4 B = 268 MB in fp32), its
 softmax, and the gradient of both. Here the tokens that carry a label are processed `chunk_size` at a time: for each
 chunk the logits are formed, reduced to per-token statistics, turned in place into d(loss)/d(logits), and multiplied
-straight into the gradients of `hidden` and `W`. Peak extra memory is two `[chunk_size, vocab]` fp32 buffers plus the
-two gradients (the size of the inputs), whatever the number of tokens.
+straight into the gradients of `hidden` and `W`. Peak extra memory is one `[chunk_size, vocab]` fp32 buffer (two with
+`kernel="torch"`) plus the two gradients (the size of the inputs), whatever the number of tokens.
+
+The per-row passes (max, exp-sum, entropy, d loss / d logits) run in C on a CPU (`kernel="auto"`/"native",
+align.kernels.ce_rows: each row read three times while it sits in L2, the logits overwritten by their gradient) or
+as torch ops (`"torch"`, and on GPUs). On an AMD EPYC (one thread) the C rows took 13.5 ms for a 430 x 32768 chunk
+against 52 ms for torch's log_softmax + exp_ + bmm, whose exp runs at ~1 GB/s there (docs/MEASUREMENTS.md, ladder,
+session 9); the three GEMMs are then ~85% of the head.
 
 The gradient is computed during forward (the Liger approach): forward + backward cost three GEMMs, the same as the
 unfused head, instead of four for recomputation in backward. Backward only scales the stored gradients by the
@@ -24,7 +30,10 @@ from dataclasses import dataclass
 
 import torch
 
+from align.kernels import ce_rows
+
 IGNORE_INDEX = -100
+KERNELS = ("auto", "native", "torch")  # the per-row passes: C on a CPU where it builds, or torch ops
 
 
 @dataclass(frozen=True)
@@ -73,10 +82,11 @@ def _chunk_stats(logits: torch.Tensor, targets: torch.Tensor, probs: torch.Tenso
 class _FusedLinearCE(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, targets, z_loss_weight: float, chunk_size: int, want_h: bool, want_w: bool,
-                workspace: CEWorkspace):
+                workspace: CEWorkspace, native: bool):
         # shape: hidden (N, D) label rows only, weight (V, D), targets (N,) in [0, V)
         grad_h = torch.empty_like(hidden) if want_h else None
-        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if want_w else None
+        grad_w = None  # (V, D) fp32: the first chunk's GEMM writes it, the later ones add to it
+        want_grad = want_h or want_w
         sums = torch.zeros(3, dtype=torch.float32, device=hidden.device)  # ce, z, entropy
         rows = torch.arange(min(chunk_size, hidden.shape[0]), device=hidden.device)
         for start in range(0, hidden.shape[0], chunk_size):
@@ -87,23 +97,30 @@ class _FusedLinearCE(torch.autograd.Function):
                 torch.matmul(h, weight.t(), out=logits)
             else:
                 logits.copy_(h @ weight.t())
-            probs = workspace.get("probs", h.shape[0], weight.shape[0], h.device)
-            lse, ce, ent, probs = _chunk_stats(logits, y, probs)
+            if native:  # one C pass per row, in cache; the logits become d loss / d logits in place
+                lse, ce, ent = ce_rows.ce_rows_(logits, y, z_loss_weight, want_grad)
+                probs = logits
+            else:
+                probs = workspace.get("probs", h.shape[0], weight.shape[0], h.device)
+                lse, ce, ent, probs = _chunk_stats(logits, y, probs)
             sums += torch.stack([ce.sum(), (lse * lse).sum(), ent.sum()])
-            if grad_h is None and grad_w is None:
+            if not want_grad:
                 continue
-            # probs becomes d loss / d logits in place: p * (1 + 2 z lse) - onehot(y)
-            if z_loss_weight:
-                probs.mul_((1.0 + 2.0 * z_loss_weight * lse)[:, None])
-            probs[rows[: y.shape[0]], y] -= 1.0
+            if not native:  # probs becomes d loss / d logits in place: p * (1 + 2 z lse) - onehot(y)
+                if z_loss_weight:
+                    probs.mul_((1.0 + 2.0 * z_loss_weight * lse)[:, None])
+                probs[rows[: y.shape[0]], y] -= 1.0
             g = probs.to(hidden.dtype)
             if grad_h is not None:
                 torch.matmul(g, weight, out=grad_h[start:start + chunk_size])  # (c, D)
-            if grad_w is not None:  # (V, D), accumulated in fp32 across chunks
+            if want_w:  # (V, D), accumulated in fp32 across chunks
                 if h.dtype == torch.float32:
-                    grad_w.addmm_(probs.t(), h)
+                    grad_w = probs.t() @ h if grad_w is None else grad_w.addmm_(probs.t(), h)
                 else:  # low-precision GEMM (tensor cores), fp32 accumulation across chunks
-                    grad_w.add_(g.t() @ h)
+                    part = (g.t() @ h).float()
+                    grad_w = part if grad_w is None else grad_w.add_(part)
+        if want_w and grad_w is None:  # no label rows
+            grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
         ctx.save_for_backward(grad_h, grad_w)
         ctx.weight_dtype = weight.dtype
         loss = sums[0] + z_loss_weight * sums[1]
@@ -118,17 +135,19 @@ class _FusedLinearCE(torch.autograd.Function):
             grad_h = grad_h * grad_loss.to(grad_h.dtype)
         if grad_w is not None:
             grad_w = (grad_w * grad_loss).to(ctx.weight_dtype)
-        return grad_h, grad_w, None, None, None, None, None, None
+        return grad_h, grad_w, None, None, None, None, None, None, None
 
 
 def fused_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, *,
                                z_loss_weight: float = 0.0, chunk_size: int = 1024,
-                               ignore_index: int = IGNORE_INDEX, workspace: CEWorkspace | None = None) -> FusedCEOutput:
+                               ignore_index: int = IGNORE_INDEX, workspace: CEWorkspace | None = None,
+                               kernel: str = "auto") -> FusedCEOutput:
     """Summed CE (+ z-loss) of `hidden @ weight.T` against `labels`, never holding more than a chunk of logits.
 
     hidden: (..., D) already aligned with labels (..., ): position i predicts labels[i] (shift before calling).
     weight: (V, D), the LM head (tied or not). Labels equal to `ignore_index` are skipped before any GEMM.
-    workspace: buffers to reuse across calls (a TrainModule's); None allocates them for this call only."""
+    workspace: buffers to reuse across calls (a TrainModule's); None allocates them for this call only.
+    kernel: "auto" | "native" | "torch", where the per-row passes run (`use_native`)."""
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     flat_h = hidden.reshape(-1, hidden.shape[-1])  # shape: (N, D)
@@ -143,8 +162,24 @@ def fused_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, label
     grad_on = torch.is_grad_enabled()  # NOTE: Function.forward always runs with grad off; decide out here
     loss, ce, z, ent = _FusedLinearCE.apply(rows, weight, targets, float(z_loss_weight), int(chunk_size),
                                             grad_on and rows.requires_grad, grad_on and weight.requires_grad,
-                                            workspace if workspace is not None else CEWorkspace())
+                                            workspace if workspace is not None else CEWorkspace(),
+                                            use_native(kernel, hidden.device))
     return FusedCEOutput(loss=loss, ce_sum=ce, z_sum=z, entropy_sum=ent, tokens=int(targets.numel()))
+
+
+def use_native(kernel: str, dev: torch.device) -> bool:
+    """Whether the per-row passes run in C (align.kernels.ce_rows): "native" demands it (CPU only; raises where it
+    cannot be built), "torch" never, "auto" on a CPU where the C build works."""
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+    if kernel == "torch" or (kernel == "auto" and dev.type != "cpu"):
+        return False
+    if dev.type != "cpu":
+        raise ValueError(f"kernel 'native' runs on a CPU, the head is on {dev}")
+    if kernel == "native":
+        ce_rows.lib()  # NativeUnavailable with the compiler's reason
+        return True
+    return ce_rows.available()
 
 
 def reference_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, *,

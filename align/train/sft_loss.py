@@ -12,6 +12,7 @@ z term, and it reports no entropy)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import nn
@@ -27,6 +28,9 @@ class SftLossConfig:
     z_loss_weight: float = 0.0  # weight of mean(lse^2) over label tokens (PaLM uses 1e-4); 0 disables
     chunk_size: int = 1024  # label tokens per logits chunk in the fused head: bounds memory at chunk x vocab x 4 B
     fused: bool = True  # false: plain full-logits head (reference path)
+    # the fused head's per-row passes (softmax statistics, d loss / d logits): "native" in C (align.kernels.ce_rows),
+    # "torch" in torch ops, "auto": native on a CPU where the C build works (4x less time there), else torch
+    kernel: Literal["auto", "native", "torch"] = "auto"
 
     def __post_init__(self):
         if self.z_loss_weight < 0:
@@ -60,7 +64,7 @@ def sft_loss(model: nn.Module, batch: dict, cfg: SftLossConfig, workspace: CEWor
     inputs = float(mask.sum()) if mask is not None else float(batch["input_ids"].numel())
     if cfg.fused:
         out = fused_linear_cross_entropy(hidden, weight, targets, z_loss_weight=cfg.z_loss_weight,
-                                         chunk_size=cfg.chunk_size, workspace=workspace)
+                                         chunk_size=cfg.chunk_size, workspace=workspace, kernel=cfg.kernel)
         loss, tokens = out.loss, float(out.tokens)
         sums = {"ce_sum": out.ce_sum, "z_sum": out.z_sum, "entropy_sum": out.entropy_sum}
     else:

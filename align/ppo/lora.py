@@ -164,8 +164,8 @@ def _refuse_unsupported_targets(model: nn.Module, targets: tuple[str, ...]) -> N
                   if _matches(n, (target,))]
         if other:
             name, kind = other[0]
-            raise ValueError(f"apply_lora: target module {target!r} matches {name} ({kind}), which is not an nn.Linear: "
-                             f"LoRA here wraps nn.Linear only (per-expert adapters on {type(model).__name__}'s "
+            raise ValueError(f"apply_lora: target module {target!r} matches {name} ({kind}), which is not an "
+                             f"nn.Linear: LoRA here wraps nn.Linear only (per-expert adapters on {type(model).__name__}'s "
                              f"stacked expert weights are not supported); supported targets on this model: {supported}")
     for target in targets:
         if not hits[target]:

@@ -41,11 +41,20 @@ from align.utils.manifest import read_manifest, write_manifest
 MANIFEST_OWN_KEYS = ("kind", "files", "inputs", "created")  # write_manifest's reserved keys; the rest are extras
 
 
-def maybe_lora(model: nn.Module, cfg: LoraConfig | None, label: str = "") -> nn.Module:
-    """`model` with LoRA applied in place when `cfg` is given (else unchanged); prints the trainable share."""
+def maybe_lora(model: nn.Module, cfg: LoraConfig | None, label: str = "", seed: int | None = None) -> nn.Module:
+    """`model` with LoRA applied in place when `cfg` is given (else unchanged); prints the trainable share.
+
+    `seed` (the stage's [run] seed): the adapters' A init is drawn from it, without touching the global RNG.
+    NOTE: drawn from the global RNG instead, A depended on whatever the process had drawn before (the same stage
+    run in a fresh process and inside a test process started from different adapters)."""
     if cfg is None:
         return model
-    apply_lora(model, cfg)
+    if seed is None:
+        apply_lora(model, cfg)
+    else:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            apply_lora(model, cfg)
     if is_rank0():
         total = sum(p.numel() for p in model.parameters())
         train = sum(p.numel() for _, p in trainable_parameters(model))

@@ -163,7 +163,8 @@ def main() -> int:
     cache = RefCache.open(runs / cfg.data.ref_cache, cache_key(reference, shards.digest, tok_hash, cfg.data.ref_dtype),
                           len(shards))
     train_rows, held_rows = split_rows(len(shards), cfg.data.heldout_every)
-    model = maybe_lora(load_checkpoint(reference, dtype=DTYPES[cfg.model.dtype], device=device()), cfg.lora, "dpo")
+    model = maybe_lora(load_checkpoint(reference, dtype=DTYPES[cfg.model.dtype], device=device()), cfg.lora, "dpo",
+                       seed=cfg.run.seed)
     module_cfg = TrainModuleConfig(optimizer=cfg.optimizer, scheduler=cfg.scheduler, parallel=cfg.parallel)
     module = build_train_module(DpoTrainModule, model, module_cfg, cfg.loss, cache, cfg.train.max_steps,
                                 seed=cfg.run.seed, cache_rows=torch.from_numpy(train_rows), moe_aux=cfg.moe_aux,

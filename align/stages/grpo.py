@@ -66,7 +66,8 @@ def main() -> int:
     inp = open_rl_stage(cfg, "grpo_checkpoint")
     runs, run_dir, start, tok, prompts, heldout, client = (inp.runs, inp.run_dir, inp.start, inp.tok, inp.prompts,
                                                            inp.heldout, inp.client)
-    policy = maybe_lora(load_checkpoint(start, dtype=DTYPES[cfg.data.model_dtype], device=device()), cfg.lora, "grpo")
+    policy = maybe_lora(load_checkpoint(start, dtype=DTYPES[cfg.data.model_dtype], device=device()), cfg.lora, "grpo",
+                        seed=cfg.run.seed)
     module = build_train_module(GrpoTrainModule, policy,
                                 TrainModuleConfig(cfg.optimizer, cfg.scheduler, cfg.parallel), cfg.loss,
                                 cfg.shape.temperature, cfg.shape.max_new_tokens, cfg.train.max_steps,

@@ -5,8 +5,9 @@
 Reads what GRPO reads (align.stages.grpo): `<runs>/<data.start>` (the policy's and the reference's initial weights,
 and the critic's trunk), `<runs>/<data.prompts>` and `<runs>/<data.eval>`, and with `[reward] model` a reward model (the `rm_checkpoint` rung's
 final/) whose score joins the verifier's reward; with `[reward] process_model` a process reward model
-(MistralForProcessReward) whose per-step rewards join the per-token rewards (align.ppo.process_rewards). The sampler is the align Engine on its
-own copy of the weights, updated in memory after every applied policy step (align.ppo.module). The receipt's
+(MistralForProcessReward) whose per-step rewards join the per-token rewards (align.ppo.process_rewards). The
+sampler is the align Engine on its own copy of the weights, updated in memory after every applied policy step
+(align.ppo.module). The receipt's
 metrics are GRPO's (align.rl.report.heldout_receipt: held-out greedy accuracy before and after, per level, the
 paired interval, the reward curve). Publishes `<run_dir>/final/` (the policy, HF format) and `<run_dir>/critic/`
 (the value model, HF MistralForSequenceClassification layout). Resumes from `<run_dir>/checkpoints/` like every
@@ -52,7 +53,8 @@ def main() -> int:
     runs, run_dir, start, tok, prompts, heldout, client = (inp.runs, inp.run_dir, inp.start, inp.tok, inp.prompts,
                                                            inp.heldout, inp.client)
     dtype = DTYPES[cfg.data.model_dtype]
-    module = PpoTrainModule(maybe_lora(load_checkpoint(start, dtype=dtype, device=device()), cfg.lora, "ppo"),
+    module = PpoTrainModule(maybe_lora(load_checkpoint(start, dtype=dtype, device=device()), cfg.lora, "ppo",
+                                       seed=cfg.run.seed),
                             critic_from_policy(start, seed=cfg.run.seed, dtype=dtype, device=device()),
                             TrainModuleConfig(cfg.optimizer, cfg.scheduler, cfg.parallel), cfg.critic_optimizer,
                             cfg.loss, cfg.ppo, cfg.shape.temperature, cfg.train.max_steps, seed=cfg.run.seed,

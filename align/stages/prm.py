@@ -13,8 +13,8 @@ solution whose steps do not end on token boundaries is skipped and counted. Pair
 are held out (both solutions; the DPO stage's split of the same pairs); the held-out step accuracy, the accuracy on
 wrong steps alone and the share of right steps (the always-right baseline) before and after training go to
 `<run_dir>/metrics.json`. `[head] lr_scale`: the fresh score head's lr multiple (its own param group, the reward
-model's rule, align.train.rm_module.split_head_group). Publishes `<run_dir>/final/` (HF MistralForTokenClassification, num_labels 1). Resumes
-from `<run_dir>/checkpoints/` like every Trainer stage. One process (the stream is in memory)."""
+model's rule, align.train.rm_module.split_head_group). Publishes `<run_dir>/final/` (HF
+MistralForTokenClassification, num_labels 1). Resumes from `<run_dir>/checkpoints/` like every Trainer stage. One process (the stream is in memory)."""
 
 from __future__ import annotations
 

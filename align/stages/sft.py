@@ -143,7 +143,7 @@ def main() -> int:
         write_resolved_config(cfg, run_dir)
     tok_dir = resolve_tokenizer_dir(cfg.tokenizer.path)
     shards = ShardSet.open(runs / cfg.data.shards, kind="sft", tokenizer_hash=sha256_file(tok_dir / "tokenizer.json"))
-    model = maybe_lora(build_model(cfg), cfg.lora, "sft")
+    model = maybe_lora(build_model(cfg), cfg.lora, "sft", seed=cfg.run.seed)
     engine_model = model if cfg.inloop_eval.every else None  # copied before wrapping (FSDP2 shards in place)
     n_params = sum(p.numel() for p in model.parameters())
     module = build_module(cfg, model)

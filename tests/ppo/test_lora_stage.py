@@ -308,3 +308,34 @@ def test_two_rank_fsdp_lora_sft_matches_one_rank(sft_runs, tmp_path):
     diff = sum(float((a2[k] - a1[k]).norm() ** 2) for k in a1) ** 0.5
     assert diff < 0.1 * sum(float(a1[k].norm() ** 2) for k in a1) ** 0.5
     assert [r["loss"] for r in h2] == pytest.approx([r["loss"] for r in h1], rel=2e-2)
+
+
+@pytest.mark.parametrize("engine_sync", ["adapters", "merged"])
+def test_ppo_with_lora_resumes_bitwise_from_an_adapter_only_checkpoint(tmp_path, monkeypatch, engine_sync):
+    """SIGTERM inside step 3 (the first step that trains the adapters) leaves step checkpoints that name the start
+    checkpoint instead of copying it; the resumed run publishes the same merged policy and critic bitwise."""
+    import os
+    import signal
+    import subprocess
+
+    sys.path.insert(0, str(TESTS / "ppo"))
+    from test_ppo_stage import ROOT as REPO, run_worker as ppo_worker, setup  # noqa: E402
+
+    runs, config = setup(tmp_path)
+    config.write_text(config.read_text() + '\n[lora]\nrank = 4\nalpha = 8.0\ntarget_modules = ["q_proj", "v_proj"]\n'
+                      f'engine_sync = "{engine_sync}"\n')
+    whole, cut = runs / "whole", runs / "cut"
+    assert ppo_worker(monkeypatch, runs, config, whole) == 0
+    env = {**os.environ, "ALIGN_RUNS_DIR": str(runs), "ALIGN_RUN_DIR": str(cut), "PYTHONPATH": str(REPO),
+           "ALIGN_FAULTS": "signal:TERM@micro,step=3", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "align.stages.ppo", "--config", str(config)], env=env, cwd=REPO,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 128 + signal.SIGTERM, proc.stderr[-3000:]
+    step = cut / "checkpoints" / "step_3" / "model"
+    assert sorted(p.name for p in step.iterdir()) == ["adapters.safetensors", "config.json", "lora_base.json"]
+    assert json.loads((step / "lora_base.json").read_text())["content_hash"] == checkpoint_content_hash(
+        runs / "dpo_checkpoint" / "final")
+    assert ppo_worker(monkeypatch, runs, config, cut) == 0
+    assert not (cut / "checkpoints.superseded").exists()  # it did resume
+    for name in ("final", "critic"):
+        assert checkpoint_content_hash(cut / name) == checkpoint_content_hash(whole / name), name

@@ -21,7 +21,6 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
 
 import torch
 
@@ -33,6 +32,7 @@ from align.model.checkpoint import DTYPES, checkpoint_content_hash, tokenizer_di
 from align.ppo.step_batches import StepBatches
 from align.ppo.step_labels import step_records
 from align.profile import CommonConfig
+from align.stages.rm import RmModelConfig
 from align.tokenizer import Tokenizer, TokenizerConfig
 from align.train.callbacks import ProgressLine, SpeedMonitor
 from align.train.identity import run_identity
@@ -65,15 +65,10 @@ class PrmDataConfig:
             raise ValueError(f"heldout_every must be >= 2 (the receipt needs held-out steps), got {self.heldout_every}")
 
 
-@dataclass(frozen=True)
-class PrmModelConfig:
-    dtype: Literal["float32", "bfloat16"] = "float32"
-
-
 @dataclass(frozen=True, kw_only=True)
 class PrmStageConfig(CommonConfig):
     train: TrainerConfig
-    model: PrmModelConfig = field(default_factory=PrmModelConfig)
+    model: RmModelConfig = field(default_factory=RmModelConfig)  # [model] dtype, as the reward model's
     data: PrmDataConfig = field(default_factory=PrmDataConfig)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     loss: PrmLossConfig = field(default_factory=PrmLossConfig)

@@ -17,21 +17,6 @@
 #include "simd.h"
 #include "workers.h"
 
-static float row_max(const float *x, int64_t V) {
-    float m = -INFINITY;
-    int64_t v = 0;
-    if (V >= VL) { /* the maximum is exact in any order */
-        vf acc = loadv(x);
-        for (v = VL; v + VL <= V; v += VL) {
-            const vf y = loadv(x + v);
-            acc = selectv(y > acc, y, acc);
-        }
-        for (int i = 0; i < VL; i++) m = acc[i] > m ? acc[i] : m;
-    }
-    for (; v < V; v++) m = x[v] > m ? x[v] : m;
-    return m;
-}
-
 /* s = sum exp(x - m) and d = sum exp(x - m) * (x - m); with `store`, x is overwritten by exp(x - m) */
 static void row_exp_sums(float *x, int64_t V, float m, int store, float *s_out, float *d_out) {
     vf acc_s[NV16] = {{0}}, acc_d[NV16] = {{0}};
@@ -76,7 +61,7 @@ static void *run_rows(void *arg) {
     for (int64_t r = j->r0; r < j->r1; r++) {
         float *row = j->x + r * j->ld;
         const int64_t y = j->y[r];
-        const float xy = row[y], m = row_max(row, j->V);
+        const float xy = row[y], m = row_maxv(row, j->V);
         float s, d;
         row_exp_sums(row, j->V, m, j->grad, &s, &d);
         const float ls = logf(s), lse = m + ls;

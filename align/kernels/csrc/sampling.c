@@ -17,17 +17,7 @@
 #include "simd.h"
 
 static float row_max(const float *x, int64_t V, int64_t *first) {
-    float m = -INFINITY;
-    int64_t v = 0;
-    if (V >= VL) { /* the maximum is exact in any order: lane-wise maxima, then over the lanes */
-        vf acc = loadv(x);
-        for (v = VL; v + VL <= V; v += VL) {
-            const vf y = loadv(x + v);
-            acc = selectv(y > acc, y, acc);
-        }
-        for (int i = 0; i < VL; i++) m = acc[i] > m ? acc[i] : m;
-    }
-    for (; v < V; v++) m = x[v] > m ? x[v] : m;
+    const float m = row_maxv(x, V);
     if (first) {
         int64_t i = 0;
         for (; i + VL <= V; i += VL) { /* skip whole vectors without the maximum */

@@ -15,6 +15,7 @@
 #ifndef ALIGN_SIMD_H
 #define ALIGN_SIMD_H
 
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -94,6 +95,22 @@ static inline float fold16(const vf *acc) {
     for (int i = 0; i < 8; i++) s8[i] = s[i] + s[i + 8];
     for (int i = 0; i < 4; i++) s4[i] = s8[i] + s8[i + 4];
     return (s4[0] + s4[2]) + (s4[1] + s4[3]);
+}
+
+/* the maximum of a row: lane-wise maxima, then over the lanes (exact in any order); the tail in order */
+static inline float row_maxv(const float *x, int64_t V) {
+    float m = -INFINITY;
+    int64_t v = 0;
+    if (V >= VL) {
+        vf acc = loadv(x);
+        for (v = VL; v + VL <= V; v += VL) {
+            const vf y = loadv(x + v);
+            acc = selectv(y > acc, y, acc);
+        }
+        for (int i = 0; i < VL; i++) m = acc[i] > m ? acc[i] : m;
+    }
+    for (; v < V; v++) m = x[v] > m ? x[v] : m;
+    return m;
 }
 
 #endif

@@ -5,16 +5,12 @@ state dict gathered from the shards saves as a checkpoint equal to the unsharded
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
+from gloo_ranks import run_ranks  # the plain-process launcher the other gloo tests share
+
 pytestmark = pytest.mark.distributed
-REPO = Path(__file__).resolve().parents[2]
 
 WORKER = """
 import json, sys
@@ -61,25 +57,11 @@ dist.destroy_process_group()
 """
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_fully_shard_per_layer_matches_unsharded(tmp_path):
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
-    # Two plain processes with the env:// rendezvous variables (torchrun's launcher process would cost seconds).
-    base = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2"}
-    procs = [subprocess.Popen([sys.executable, str(script), str(tmp_path / "ck")], cwd=REPO, text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              env={**base, "RANK": str(r), "LOCAL_RANK": str(r)}) for r in range(2)]
-    outs = [p.communicate(timeout=240) for p in procs]
-    for p, (_out, err) in zip(procs, outs):
-        assert p.returncode == 0, err[-3000:]
-    results = [json.loads(line) for out, _ in outs for line in out.splitlines() if line.startswith("{")]
+    outs = run_ranks(script, 2, str(tmp_path / "ck"))
+    results = [json.loads(line) for out in outs for line in out.splitlines() if line.startswith("{")]
     assert sorted(r["rank"] for r in results) == [0, 1]
     for r in results:
         assert r["dtensor"] == "DTensor" and r["worst"] <= 1e-6

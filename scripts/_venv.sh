@@ -29,3 +29,21 @@ align_venv() {
     fi
     export PATH="$VENV/bin:$PATH"
 }
+
+# TRL 0.24.0, the last TRL with a PPO trainer: the oracle of tests/ppo/test_ppo_trl024_oracle.py, which runs it in a
+# subprocess with this directory first on sys.path (the venv's own TRL is newer and has no PPO). `--no-deps --target`
+# installs exactly this one pure-python wheel beside the venv: nothing it names (torch, transformers) is resolved,
+# so no pin is needed and the venv is untouched. Stamp-checked like align_venv: a second call runs no pip.
+#   align_trl_ppo_oracle     (after align_venv; the directory is .oracle/trl-0.24 in the repository)
+ALIGN_TRL_PPO_ORACLE="trl==0.24.0"
+
+align_trl_ppo_oracle() {
+    local dir="$PWD/.oracle/trl-0.24"
+    local stamp="$dir/.align-installed"
+    if ! grep -qxF "$ALIGN_TRL_PPO_ORACLE" "$stamp" 2>/dev/null; then
+        echo "align: installing $ALIGN_TRL_PPO_ORACLE (no dependencies) into $dir" >&2
+        rm -rf "$dir"
+        "$VENV/bin/python" -m pip install --quiet --no-deps --target "$dir" "$ALIGN_TRL_PPO_ORACLE"
+        echo "$ALIGN_TRL_PPO_ORACLE" > "$stamp"
+    fi
+}

@@ -1,8 +1,9 @@
 """align.ppo.gae against GAE's non-recursive definition and torch's own statistics.
 
-The installed TRL (1.x) no longer ships PPO's GAE or `masked_whiten`, so the references here are the closed forms:
-A_t = sum_l (gamma lambda)^l delta_{t+l}; lambda = 1 is the discounted return minus V; whitening matches
-torch.mean / torch.var (unbiased) of the masked entries."""
+The references here are the closed forms: A_t = sum_l (gamma lambda)^l delta_{t+l}; lambda = 1 is the discounted
+return minus V; whitening matches torch.mean / torch.var (unbiased) of the masked entries. The installed TRL (1.x)
+no longer ships PPO's GAE or `masked_whiten`; tests/ppo/test_ppo_trl024_oracle.py checks both against TRL 0.24's
+PPOTrainer on a real rollout (and says how TRL's value mask, one position past the response, maps onto `gae`)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 """Oracle: PPO's clipped surrogate with per-token advantages and the entropy bonus equal TRL's code on the same tensors,
 value and gradient to 1e-6.
 
-The installed TRL (1.x) ships no PPO trainer, so there is no TRL GAE, `masked_whiten` or clipped value loss to call
-(tests/ppo/test_gae.py and test_loss.py check those against their closed forms and defining properties). What TRL
-does ship is the same policy objective: GRPOTrainer._compute_loss takes advantages of shape (B, T) ("to support
+The installed TRL (1.x) ships no PPO trainer; GAE, `masked_whiten`, the clipped value loss and PPO's own policy loss
+are checked against TRL 0.24's PPOTrainer in tests/ppo/test_ppo_trl024_oracle.py (TRL 0.24 beside the venv, run in
+a subprocess). What TRL 1.x does ship is the same policy objective: GRPOTrainer._compute_loss takes advantages of shape (B, T) ("to support
 subclasses that provide advantages with shape (B, T)"), and with a symmetric clip eps and loss_type "bnpo" (mean over
 the batch's tokens) its loss is PPO's L_pi = mean_t max(-A_t r_t, -A_t clip(r_t, 1 - eps, 1 + eps)); its entropy
 bonus subtracts coef * mean_t H_t, as align.ppo.loss.entropy_bonus adds -coef * mean_t H_t. TRL's model call is

@@ -114,6 +114,9 @@ def main(trl_dir: str, out_path: str) -> None:
         trainer = ppo_mod.PPOTrainer(args=args, processing_class=tok, model=policy, ref_model=ref,
                                      reward_model=reward_model, value_model=value_model, train_dataset=train,
                                      eval_dataset=evals)
+        import numpy as np
+
+        np.random.seed(0)  # TRL draws each PPO epoch's micro-batch order from numpy's global RNG (torch is seeded)
         trainer.train()
     torch.save({"trl_version": trl.__version__, "gamma": args.gamma, "lam": args.lam, "cliprange": args.cliprange,
                 "cliprange_value": args.cliprange_value, "eos_id": vocab["<eos>"], "calls": calls}, out_path)

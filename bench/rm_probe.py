@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from align.data.collate import collate  # noqa: E402
 from align.data.store import ShardSet  # noqa: E402
-from align.stages.dpo import split_rows  # noqa: E402
+from align.stages.pair_data import split_rows  # noqa: E402
 from align.stages.ref_cache import tokenizer_hash  # noqa: E402
 from align.tokenizer import TokenizerConfig  # noqa: E402
 from align.train.rm_module import critic_from_policy, last_token_index  # noqa: E402

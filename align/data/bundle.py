@@ -1,5 +1,5 @@
-"""The embedded default data: the bundled math task split into SFT, preference pairs, RL prompts and held-out eval,
-written as parquet under `data/raw/` byte-identically from a seed.
+"""The embedded default data: the bundled math task split into SFT, preference pairs, RL prompts, the reward model's
+pair prompts and held-out eval, written as parquet under `data/raw/` byte-identically from a seed.
 
 Held-out discipline: the eval problems are drawn first and their arithmetic keys (see `mathtask.Problem.key`) are
 excluded from every training split, so no eval problem is seen in training, not even reworded. Within a split no
@@ -32,6 +32,9 @@ SCHEMAS = {
                              ("error_kind", pa.string())]),
     "math_rl": pa.schema([("id", pa.string()), ("level", pa.int8()), ("key", pa.string()),
                           ("prompt", pa.string()), ("answer", pa.string())]),
+    "math_rm_pairs": pa.schema([("id", pa.string()), ("level", pa.int8()), ("key", pa.string()),
+                                ("prompt", pa.string()), ("chosen", pa.string()), ("rejected", pa.string()),
+                                ("error_kind", pa.string())]),
     "math_eval": pa.schema([("id", pa.string()), ("level", pa.int8()), ("key", pa.string()),
                             ("prompt", pa.string()), ("answer", pa.string()), ("solution", pa.string())]),
 }
@@ -49,6 +52,10 @@ class BundleConfig:
     n_sft: int = 6000
     n_pairs: int = 1500
     n_rl: int = 1000
+    # The reward model's own pair prompts (the rm_prompts -> rm_pairs -> rm_shards rungs): drawn after the other
+    # splits from their own streams, so adding them changed no other file; no question text of math_pairs (or of
+    # the eval split) recurs here, so the DPO split's held-out pairs stay unseen by a reward model trained on these.
+    n_rm_pairs: int = 6000
     n_eval_per_level: int = 150  # 600 held-out problems: a +5-point gain is several standard errors
     level_mix: tuple[float, ...] = (0.3, 0.25, 0.25, 0.2)
     rl_level_mix: tuple[float, ...] = (0.1, 0.2, 0.3, 0.4)
@@ -95,21 +102,25 @@ def draw_splits(cfg: BundleConfig) -> dict[str, list[Problem]]:
                          ("math_rl", cfg.n_rl, cfg.rl_level_mix)):
         rng = random.Random(f"{cfg.seed}:{name}")
         splits[name] = _unique_problems(rng, _levels(rng, n, mix), banned, set())
+    rng = random.Random(f"{cfg.seed}:math_rm_pairs")
+    # an eval text can recur under another level's key (`16 - 6` is a level-1 and a level-2 problem): ban the texts too
+    seen = {p.question for p in splits["math_pairs"]} | {p.question for p in eval_problems}
+    splits["math_rm_pairs"] = _unique_problems(rng, _levels(rng, cfg.n_rm_pairs, cfg.level_mix), banned, seen)
     return splits
 
 
-def _pair_row(rng: random.Random, i: int, p: Problem, kinds: tuple[str, ...]) -> dict:
+def _pair_row(rng: random.Random, i: int, p: Problem, kinds: tuple[str, ...], prefix: str = "pair") -> dict:
     for _attempt in range(100):
         kind = rng.choice(kinds)
         rejected = wrong_solution(rng, p, kind)
         if rejected is not None:
-            return dict(id=f"pair-{i:05d}", level=p.level, key=p.key, prompt=p.question,
+            return dict(id=f"{prefix}-{i:05d}", level=p.level, key=p.key, prompt=p.question,
                         chosen=render_solution(p.steps), rejected=rejected, error_kind=kind)
     raise RuntimeError(f"problem {p.key}: no wrong solution after 100 draws")
 
 
 def build_tables(cfg: BundleConfig = BundleConfig()) -> dict[str, pa.Table]:
-    """The four tables of the bundle, keyed by file stem."""
+    """The tables of the bundle, keyed by file stem."""
     splits = draw_splits(cfg)
     rows: dict[str, list[dict]] = {
         "math_sft": [dict(id=f"sft-{i:05d}", level=p.level, key=p.key,
@@ -124,6 +135,9 @@ def build_tables(cfg: BundleConfig = BundleConfig()) -> dict[str, pa.Table]:
     }
     pair_rng = random.Random(f"{cfg.seed}:pair-errors")
     rows["math_pairs"] = [_pair_row(pair_rng, i, p, cfg.wrong_kinds) for i, p in enumerate(splits["math_pairs"])]
+    rm_rng = random.Random(f"{cfg.seed}:rm-pair-errors")
+    rows["math_rm_pairs"] = [_pair_row(rm_rng, i, p, cfg.wrong_kinds, "rmpair")
+                             for i, p in enumerate(splits["math_rm_pairs"])]
     return {name: pa.Table.from_pylist(rows[name], schema=SCHEMAS[name]) for name in SCHEMAS}
 
 
@@ -143,7 +157,7 @@ def generated_record(directory: str | Path) -> dict:
 
 
 def write_bundle(directory: str | Path, cfg: BundleConfig = BundleConfig()) -> dict:
-    """Write the four parquet files and `GENERATED.json` (their hashes and the pyarrow version) into `directory`."""
+    """Write the parquet files and `GENERATED.json` (their hashes and the pyarrow version) into `directory`."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     for name, table in build_tables(cfg).items():

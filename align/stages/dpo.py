@@ -25,10 +25,8 @@ import numpy as np
 import torch
 
 from align.config import load_cli_config, run_dir_from_env, write_resolved_config
-from align.data.collate import collate
 from align.data.loader import BatchLoader, LoaderConfig
 from align.data.store import ShardSet
-from align.exceptions import ConfigError
 from align.exit_codes import exit_stage
 from align.model.checkpoint import DTYPES, load_checkpoint, tokenizer_dir_for
 from align.ppo.lora import LoraConfig
@@ -45,44 +43,30 @@ from align.train.moe_module import MoeAuxConfig, build_train_module, moe_callbac
 from align.train.optim import OptimizerConfig
 from align.train.parallel import ParallelConfig
 from align.train.probes import ProbeConfig, Tripwires
-from align.train.ref_cache import RefCache, cache_key, cached_preference_accuracy, length_sorted_rows
+from align.train.ref_cache import RefCache, cache_key, cached_preference_accuracy
 from align.train.schedulers import SchedulerConfig
 from align.train.train_module import TrainModuleConfig
 from align.train.trainer import Trainer, TrainerConfig
 from align.utils.dist import device, init_distributed, is_rank0
-from align.utils.fsio import atomic_write_json, sha256_bytes
-from align.utils.tracking import read_history
+from align.utils.fsio import atomic_write_json
+from align.stages.pair_data import (ModelDtypeConfig, PairDataConfig, RowSubset, heldout_batches, split_rows,
+                                     train_summary)
 from align.stages.ref_cache import tokenizer_hash
 
 
 @dataclass(frozen=True)
-class DpoDataConfig:
-    """[data] table: where the inputs are, relative to <runs>, and which pairs are held out."""
+class DpoDataConfig(PairDataConfig):
+    """[data] table: the shared pair keys (align.stages.pair_data) and the reference and its cache, under <runs>."""
 
     reference: str = "sft_checkpoint/final"
-    pairs: str = "shards/preference/out"
     ref_cache: str = "ref_cache/preference"
     ref_dtype: Literal["float32", "bfloat16"] = "float32"  # precision the cache must have been computed in
-    heldout_every: int = 10  # rows with row % N == 0 are held out for evaluation; 0: none (no held-out metrics)
-    eval_batch_pairs: int = 32
-    threads: int = 0  # torch CPU threads; 0: every core
-
-    def __post_init__(self):
-        if self.heldout_every < 0 or self.heldout_every == 1:
-            raise ValueError(f"heldout_every must be 0 or >= 2, got {self.heldout_every}")
-
-
-@dataclass(frozen=True)
-class DpoModelConfig:
-    """[model] table: the dtype the policy's parameters are held in (bf16 pairs with adamw8bit)."""
-
-    dtype: Literal["float32", "bfloat16"] = "float32"
 
 
 @dataclass(frozen=True, kw_only=True)
 class DpoStageConfig(CommonConfig):
     train: TrainerConfig  # [train]: max_steps is required
-    model: DpoModelConfig = field(default_factory=DpoModelConfig)
+    model: ModelDtypeConfig = field(default_factory=ModelDtypeConfig)
     data: DpoDataConfig = field(default_factory=DpoDataConfig)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     loader: LoaderConfig = field(default_factory=LoaderConfig)
@@ -96,35 +80,7 @@ class DpoStageConfig(CommonConfig):
     lora: LoraConfig | None = None  # [lora]: train adapters only, publish the merged model (align.ppo.lora_stage)
 
 
-class RowSubset:
-    """The rows `rows` of a ShardSet renumbered 0..n-1, so a BatchLoader reads only them (the training pairs).
-    A batch's pair_index is then the subset position; `rows[pair_index]` is the shard-set (cache) row."""
-
-    def __init__(self, parent: ShardSet, rows: np.ndarray):
-        self.parent, self.rows = parent, np.asarray(rows, dtype=np.int64)
-        self.path, self.kind, self.seqs_per_row = parent.path, parent.kind, parent.seqs_per_row
-        self.manifest, self.tokenizer_hash = parent.manifest, parent.tokenizer_hash
-        self.digest = sha256_bytes(parent.digest.encode() + self.rows.tobytes())  # binds a resume to the subset
-        self.row_lengths = parent.row_lengths[self.rows]
-        self.row_loss_tokens = parent.row_loss_tokens[self.rows]
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def sequence(self, row: int, arm: int = 0):
-        return self.parent.sequence(int(self.rows[row]), arm)
-
-    def meta(self, row: int) -> dict:
-        return self.parent.meta(int(self.rows[row]))
-
-
-def split_rows(n: int, every: int) -> tuple[np.ndarray, np.ndarray]:
-    """(training rows, held-out rows) of n pairs: row % every == 0 is held out (none when every == 0)."""
-    rows = np.arange(n, dtype=np.int64)
-    held = rows % every == 0 if every else np.zeros(n, dtype=bool)
-    if not (~held).any():
-        raise ConfigError(f"data.heldout_every = {every} leaves no training pairs out of {n}")
-    return rows[~held], rows[held]
+SUMMARY_KEYS = ("loss", "rewards/accuracy", "rewards/margin", "rewards/chosen", "rewards/rejected")
 
 
 def heldout_metrics(module: DpoTrainModule, shards: ShardSet, cache: RefCache, rows: np.ndarray,
@@ -132,22 +88,13 @@ def heldout_metrics(module: DpoTrainModule, shards: ShardSet, cache: RefCache, r
     """Preference accuracy of the SFT checkpoint (its cached log-probs) and of the trained policy on `rows`."""
     if not len(rows):
         return {}
-    plan = length_sorted_rows(shards.row_lengths[rows], cfg.data.eval_batch_pairs)
-    batches = (collate(shards, rows[p]) for p in plan)  # every rank scores every batch (FSDP: collective)
+    batches = heldout_batches(shards, rows, cfg.data.eval_batch_pairs)
     dpo = preference_eval(module.score, batches, cfg.loss.beta, ref_cache=cache)
     sft_acc = cached_preference_accuracy(cache, torch.from_numpy(rows))
     return {"heldout_pairs": len(rows), "sft_preference_accuracy": sft_acc,
             "dpo_preference_accuracy": dpo["preference_accuracy"], "dpo_reward_accuracy": dpo["reward_accuracy"],
             "dpo_reward_margin": dpo["reward_margin"], "sft_preference_accuracy_all_pairs":
             cached_preference_accuracy(cache)}
-
-
-def train_summary(run_dir: Path) -> dict:
-    """The last logged window's loss and reward statistics (training batches), for the receipt."""
-    rows = read_history(run_dir / "history.jsonl")
-    last = rows[-1] if rows else {}
-    keys = ("loss", "rewards/accuracy", "rewards/margin", "rewards/chosen", "rewards/rejected")
-    return {"steps": last.get("step", 0), **{f"train_{k.replace('/', '_')}": last.get(k) for k in keys}}
 
 
 def main() -> int:
@@ -185,7 +132,7 @@ def main() -> int:
         return code
     metrics = heldout_metrics(module, shards, cache, held_rows, cfg)
     if is_rank0():
-        atomic_write_json(run_dir / "metrics.json", {**metrics, **train_summary(run_dir),
+        atomic_write_json(run_dir / "metrics.json", {**metrics, **train_summary(run_dir, SUMMARY_KEYS),
                                                      "train_pairs": len(train_rows), "cache_key": cache.key.digest()})
         print("dpo: held-out preference accuracy "
               f"SFT {metrics.get('sft_preference_accuracy', float('nan')):.3f} -> "

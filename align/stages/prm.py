@@ -32,7 +32,7 @@ from align.model.checkpoint import DTYPES, checkpoint_content_hash, tokenizer_di
 from align.ppo.step_batches import StepBatches
 from align.ppo.step_labels import step_records
 from align.profile import CommonConfig
-from align.stages.rm import RmModelConfig
+from align.stages.pair_data import ModelDtypeConfig
 from align.tokenizer import Tokenizer, TokenizerConfig
 from align.train.callbacks import ProgressLine, SpeedMonitor
 from align.train.identity import run_identity
@@ -68,7 +68,7 @@ class PrmDataConfig:
 @dataclass(frozen=True, kw_only=True)
 class PrmStageConfig(CommonConfig):
     train: TrainerConfig
-    model: RmModelConfig = field(default_factory=RmModelConfig)  # [model] dtype, as the reward model's
+    model: ModelDtypeConfig = field(default_factory=ModelDtypeConfig)  # [model] dtype, as the reward model's
     data: PrmDataConfig = field(default_factory=PrmDataConfig)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     loss: PrmLossConfig = field(default_factory=PrmLossConfig)

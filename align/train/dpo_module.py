@@ -21,9 +21,9 @@ from align.exceptions import DataError
 from align.kernels.fused_dpo import ARMS, PairLogprobs, pair_logprobs
 from align.train.dpo_loss import DpoLossConfig, dpo_loss
 from align.train.ref_cache import RefCache
-from align.train.train_module import LossOutput, TrainModule, TrainModuleConfig
+from align.train.pair_module import SCORE_ONLY, PairTrainModule
+from align.train.train_module import LossOutput, TrainModuleConfig
 
-SCORE_ONLY = "_score_only"  # batch flag: `loss` returns the pair log-probs instead of a loss (evaluation)
 SUM_KEYS = ("pairs", "objective_sum", "pref_loss_sum", "nll_sum", "chosen_reward_sum", "rejected_reward_sum",
             "margin_sum", "correct", "chosen_logps_sum", "rejected_logps_sum", "input_tokens")
 
@@ -39,7 +39,7 @@ def check_tokens_match(cache: RefCache, pair_index: torch.Tensor, scored: PairLo
                             f"the reference cache {cache.path} has {int(theirs[i])}; cache and shards disagree")
 
 
-class DpoTrainModule(TrainModule):
+class DpoTrainModule(PairTrainModule):
     """Sigmoid DPO (+ label smoothing, DPOP, NLL mix) against cached reference log-probs."""
 
     def __init__(self, model: nn.Module, cfg: TrainModuleConfig, loss_cfg: DpoLossConfig, ref_cache: RefCache,
@@ -69,20 +69,6 @@ class DpoTrainModule(TrainModule):
                   batch["chosen_attention_mask"].sum() + batch["rejected_attention_mask"].sum())
         sums = {k: torch.as_tensor(v, dtype=torch.float32, device=dev) for k, v in zip(SUM_KEYS, values, strict=True)}
         return LossOutput(loss=out.loss * pairs, sums=sums)
-
-    def loss_units(self, batch: dict) -> float:
-        return float(batch["pair_index"].numel())
-
-    @torch.no_grad()
-    def score(self, batch: dict) -> PairLogprobs:
-        """Policy log-probs of a batch in eval mode, through the wrapped unit: under FSDP2 the root parameters
-        (embeddings, head) are only gathered inside its forward. Collective: every rank must score the same number
-        of batches."""
-        self.net.eval()
-        try:
-            return self.net({**batch, SCORE_ONLY: True})
-        finally:
-            self.net.train()
 
     def log_metrics(self, sums: dict[str, float]) -> dict[str, float]:
         return dpo_window_metrics(sums)

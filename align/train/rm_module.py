@@ -26,9 +26,9 @@ from align.model.checkpoint import load_weights_into, resolve_checkpoint_dir
 from align.model.family import family_of_config
 from align.model.hf_config import load_hf_config
 from align.train.rm_loss import RmLossConfig, rm_loss
-from align.train.train_module import LossOutput, TrainModule, TrainModuleConfig
+from align.train.pair_module import SCORE_ONLY, PairTrainModule
+from align.train.train_module import LossOutput, TrainModuleConfig
 
-SCORE_ONLY = "_score_only"  # batch flag: `loss` returns the pair rewards instead of a loss (evaluation)
 SUM_KEYS = ("pairs", "objective_sum", "bt_sum", "correct", "margin_sum", "chosen_reward_sum", "rejected_reward_sum",
             "input_tokens")
 
@@ -121,7 +121,7 @@ def split_head_group(optimizer: torch.optim.Optimizer, head: nn.Module, lr_scale
         optimizer.add_param_group(g)
 
 
-class RmTrainModule(TrainModule):
+class RmTrainModule(PairTrainModule):
     """Bradley-Terry (+ margin, + reward centering) on the stacked arms of a preference batch."""
 
     def __init__(self, model: nn.Module, cfg: TrainModuleConfig, loss_cfg: RmLossConfig, total_steps: int,
@@ -146,19 +146,6 @@ class RmTrainModule(TrainModule):
         dev = scored.chosen.device
         sums = {k: torch.as_tensor(v, dtype=torch.float32, device=dev) for k, v in zip(SUM_KEYS, values, strict=True)}
         return LossOutput(loss=out.per_pair.sum(), sums=sums)
-
-    def loss_units(self, batch: dict) -> float:
-        return float(batch["pair_index"].numel())
-
-    @torch.no_grad()
-    def score(self, batch: dict) -> PairRewards:
-        """Rewards of a batch in eval mode, through the wrapped unit (FSDP2 gathers the root parameters only
-        inside its forward). Collective: every rank must score the same number of batches."""
-        self.net.eval()
-        try:
-            return self.net({**batch, SCORE_ONLY: True})
-        finally:
-            self.net.train()
 
     def log_metrics(self, sums: dict[str, float]) -> dict[str, float]:
         pairs = sums.get("pairs", 0.0)

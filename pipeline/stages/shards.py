@@ -7,21 +7,26 @@ from pathlib import Path
 
 from align.stages.shards import records_dir
 from align.tokenizer.tokenizer import resolve_tokenizer_dir
-from pipeline.layout import StageCtx
+from pipeline.layout import Layout, StageCtx
 from pipeline.stage import StageSpec
 from pipeline.stages.ingest import stage_table
 
 
-def _inputs(ctx: StageCtx) -> list[Path]:
-    source = stage_table(ctx.layout, "shards.toml", "splits").get(ctx.variant)
-    tokenizer = stage_table(ctx.layout, "shards.toml", "tokenizer").get("path")
+def split_inputs(layout: Layout, config: str, split: str | None) -> list[Path]:
+    """What the shards worker reads for `split` of a shards config: the tokenizer file and the split's records."""
+    source = stage_table(layout, config, "splits").get(split)
+    tokenizer = stage_table(layout, config, "tokenizer").get("path")
     tokenizer_dir = resolve_tokenizer_dir(tokenizer)
     if not tokenizer_dir.is_absolute():
-        tokenizer_dir = ctx.layout.root / tokenizer_dir
+        tokenizer_dir = layout.root / tokenizer_dir
     deps = [tokenizer_dir / "tokenizer.json"]
     if isinstance(source, str):
-        deps.append(records_dir(ctx.layout.runs, source) / "manifest.json")
+        deps.append(records_dir(layout.runs, source) / "manifest.json")
     return deps
+
+
+def _inputs(ctx: StageCtx) -> list[Path]:
+    return split_inputs(ctx.layout, "shards.toml", ctx.variant)
 
 
 STAGE = StageSpec(

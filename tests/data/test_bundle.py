@@ -15,7 +15,7 @@ from align.data.bundle import SCHEMAS, BundleConfig, build_tables, write_bundle
 from align.data.mathtask import WRONG_KINDS, Step, draw_problem, render_solution, wrong_solution
 
 RAW = Path(__file__).resolve().parents[2] / "data" / "raw"
-TRAIN = ("math_sft", "math_pairs", "math_rl")
+TRAIN = ("math_sft", "math_pairs", "math_rl", "math_rm_pairs")
 BOXED = re.compile(r"\\boxed\{(-?\d+)\}\.$")
 
 
@@ -72,6 +72,10 @@ def test_sizes_levels_and_footprint(committed):
     assert committed["math_sft"].num_rows == 6000
     assert committed["math_pairs"].num_rows == 1500
     assert committed["math_rl"].num_rows == 1000
+    assert committed["math_rm_pairs"].num_rows == 6000
+    # the reward model's prompts repeat no DPO pair's question, so DPO's held-out pairs are new to it as well
+    assert not set(committed["math_pairs"].column("prompt").to_pylist()) & set(
+        committed["math_rm_pairs"].column("prompt").to_pylist())
     for name, table in committed.items():
         assert set(table.column("level").to_pylist()) == {1, 2, 3, 4}, name
     eval_levels = committed["math_eval"].column("level").to_pylist()
@@ -99,8 +103,9 @@ def test_every_step_of_every_solution_is_correct(committed):
         assert _final(lines[-1]) == int(result)
 
 
-def test_rejected_solutions_are_plausible_and_wrong(committed):
-    rows = committed["math_pairs"].to_pylist()
+@pytest.mark.parametrize("split", ["math_pairs", "math_rm_pairs"])
+def test_rejected_solutions_are_plausible_and_wrong(committed, split):
+    rows = committed[split].to_pylist()
     assert {r["error_kind"] for r in rows} == set(WRONG_KINDS)
     for row in rows:
         chosen, rejected = _final(row["chosen"]), _final(row["rejected"])

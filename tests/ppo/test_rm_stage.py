@@ -69,6 +69,22 @@ def test_smoke_config_trains_from_the_sft_trunk_and_records_heldout_accuracy(run
     assert acc == pytest.approx(metrics["heldout_accuracy"])
 
 
+def test_compare_pairs_scores_another_shard_sets_heldout_split(runs, tmp_path):
+    """`data.compare_pairs`: the held-out rows (same split) of a second pair set, scored before and after training,
+    are the published critic's accuracy there; its rows are never trained on (train_pairs is the main set's)."""
+    build_pair_shards(tmp_path, runs / "shards" / "other" / "out", pair_rows(10, offset=40))
+    run_dir = runs / "rm_compare"
+    assert _rm(runs, run_dir, "train.max_steps=2", "data.compare_pairs=shards/other/out") == 0
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["train_pairs"] == 16 and metrics["compare_heldout_pairs"] == 2  # rows 0 and 5 of 10
+    assert {"compare_heldout_accuracy_before", "compare_heldout_margin"} <= set(metrics)
+    critic = load_checkpoint(run_dir / "final", cls=MistralForValueHead)
+    scored = model_scorer(critic)(collate(ShardSet.open(runs / "shards" / "other" / "out", kind="pairs"), [0, 5]))
+    assert float((scored.chosen - scored.rejected).mean()) == pytest.approx(metrics["compare_heldout_margin"],
+                                                                            abs=1e-5)
+    assert metrics["compare_heldout_margin"] != metrics["heldout_margin"]  # another set, not the main one again
+
+
 @pytest.mark.oracle
 def test_transformers_loads_the_published_critic_with_equal_scores(runs):
     pytest.importorskip("transformers")
@@ -139,5 +155,32 @@ def test_profile_configs_load_and_split_like_dpo(profile):
     configs = SMOKE_RM.parents[1] / profile
     rm = load_config(configs / "rm.toml", RmStageConfig)
     dpo = load_config(configs / "dpo.toml", DpoStageConfig)
-    assert rm.data.pairs == dpo.data.pairs and rm.data.heldout_every == dpo.data.heldout_every
-    assert rm.data.init == dpo.data.reference
+    # tiny trains on its own pairs (rm_shards/out) and scores DPO's held-out pairs beside them; smoke on DPO's
+    assert (rm.data.compare_pairs or rm.data.pairs) == dpo.data.pairs
+    assert rm.data.heldout_every == dpo.data.heldout_every and rm.data.init == dpo.data.reference
+
+
+def test_tiny_rm_chain_is_extra_and_leaves_the_default_ladder_alone():
+    """rm_checkpoint (tiny) reads rm_shards/out <- rm_pairs/out <- rm_prompts/out + the SFT checkpoint, each a
+    target of the rung before; all four are extra (plain `doit` builds none of them) and none reads or writes an
+    artifact of the DPO rung's chain (shards/preference is only read, for the comparison)."""
+    from pipeline.layout import Layout, Project
+    from pipeline.stage import discover
+
+    root = SMOKE_RM.parents[2]
+    layout = Layout(Project(root), "tiny")
+    specs = {s.name: s for s in discover()}
+    chain = ("rm_prompts", "rm_pairs", "rm_shards", "rm_checkpoint")
+    ctx = {name: specs[name].contexts(layout)[0] for name in chain}
+    targets = {name: set(specs[name].targets(ctx[name])) for name in chain}
+    deps = {name: set(specs[name].file_dep(ctx[name])) for name in chain}
+    runs = layout.runs
+    assert deps["rm_prompts"] == {root / "data" / "raw" / "math_rm_pairs.parquet"}
+    assert deps["rm_pairs"] == {runs / "sft_checkpoint/final/manifest.json"} | targets["rm_prompts"]
+    assert targets["rm_pairs"] <= deps["rm_shards"] and targets["rm_shards"] <= deps["rm_checkpoint"]
+    assert runs / "shards/preference/out/manifest.json" in deps["rm_checkpoint"]
+    assert all(specs[name].extra and specs[name].optional for name in chain)
+    others = [s for s in specs.values() if s.name not in chain]
+    produced = {t for s in others for c in s.contexts(layout) for t in s.targets(c)}
+    assert not produced & set().union(*targets.values())
+    assert targets["rm_pairs"] == {runs / "rm_pairs/out/manifest.json"}

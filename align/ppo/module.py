@@ -22,6 +22,15 @@ Critic-only warmup: a micro-batch flagged `critic_only` (the first `critic_warmu
 critic alone: no policy forward, no policy step, no schedule tick, no weight push (the policy version stays). The
 step is APPLIED (the critic moved), so the Trainer never counts it as a skip; its history row says `critic_only` 1.
 
+Extra value-only passes (`[ppo] critic_extra_epochs` = K): after every APPLIED step (warmup's included) the critic
+makes K more passes over the step's own micro-batches, each one critic optimizer step on the joint step's value term
+(the same value clip, anchored at the rollout's values, the same scale and gradient clip); the policy is not run,
+not stepped and not pushed. They are part of the applied step, so the Trainer sees one step as before; a pass whose
+gradient is non-finite is not stepped (`critic_extra_skipped` in the row), never a Trainer skip. The row logs the
+rollout's value loss at the start of the first and of the last pass (`critic_extra_loss_first` / `_last`: after
+the joint step and after K - 1 extra steps). Nothing of it outlives the step but the critic's weights and Adam
+state, which the checkpoint already carries: resume stays bitwise.
+
 Health: `ratio_skip_abs_log` (the ratio tripwire with skip tracking): a step whose mean |log r| over its loss
 tokens exceeds it changes nothing (SKIPPED: counted by the Trainer's skip caps, HALT 81 when they are exceeded;
 `ratio_skipped` 1 in its row). GRPO's GrpoHealth (entropy, ratio mean, reward collapse) watches every step as in
@@ -53,8 +62,8 @@ from align.train.optim import OptimizerConfig, make_optimizer
 from align.train.rm_module import RmHeadConfig, split_head_group
 from align.train.schedulers import lr_multiplier
 from align.train.train_module import AccumInfo, LossOutput, StepMetrics, StepOutcome, TrainModule, \
-    TrainModuleConfig
-from align.utils.dist import world_size
+    TrainModuleConfig, to_device
+from align.utils.dist import device, world_size
 
 POLICY_SUMS = ("policy_tokens", "policy_loss_sum", "clip_sum", "ratio_sum", "ratio_abs_log_sum", "entropy_sum",
                "entropy_tokens", "adv_abs_sum", "kl_sum", "rho_abs_log_sum")
@@ -82,6 +91,7 @@ class PpoTrainModule(GrpoTrainModule):
         self._critic_only = False  # the latest window trained the critic alone (warmup)
         self.ratio_skipped = False  # the latest boundary was skipped by the ratio tripwire
         self._ratio_abs_log, self._ratio_tokens = 0.0, 0.0
+        self._window_batches: list[dict] = []  # the step's micro-batches, kept for the extra value-only passes
 
     # ------------------------------------------------------------------------------------------------ the seam
     def loss(self, model: nn.Module, batch: dict) -> LossOutput:
@@ -180,8 +190,7 @@ class PpoTrainModule(GrpoTrainModule):
     @torch.no_grad()
     def values(self, batch: dict) -> torch.Tensor:
         """(N, C) critic values of the batch's completions under the current critic weights."""
-        dev = self.critic.score.weight.device
-        return completion_values(self.critic, {k: v.to(dev) if torch.is_tensor(v) else v for k, v in batch.items()})
+        return completion_values(self.critic, to_device(batch, self.critic.score.weight.device))
 
     # ------------------------------------------------------------------------------------------------ the step
     def train_batch(self, batch: dict, accum: AccumInfo) -> StepMetrics:
@@ -191,6 +200,8 @@ class PpoTrainModule(GrpoTrainModule):
         self._window_units = accum.global_units
         self._ratio_abs_log += float(out.sums["ratio_abs_log_sum"])
         self._ratio_tokens += float(out.sums["policy_tokens"])
+        if self.ppo.critic_extra_epochs:
+            self._window_batches.append(batch)
         return out
 
     def optim_step(self) -> StepOutcome:
@@ -199,7 +210,9 @@ class PpoTrainModule(GrpoTrainModule):
         critic_norm = global_grad_norm(critic_params, local_nonfinite=bool(self._window_bad))
         mult = lr_multiplier(self.cfg.scheduler, self.step, self.total_steps)
         self.last = {"grad_norm": math.nan, "lr": self.cfg.optimizer.lr * mult, "clip_coef": 1.0,
-                     "critic_grad_norm": critic_norm, "critic_clip_coef": 1.0}
+                     "critic_grad_norm": critic_norm, "critic_clip_coef": 1.0, "critic_extra_steps": 0.0,
+                     "critic_extra_skipped": 0.0, "critic_extra_loss_first": math.nan,
+                     "critic_extra_loss_last": math.nan}
         limit = self.ppo.ratio_skip_abs_log
         mean_abs_log = self._ratio_abs_log / self._ratio_tokens if self._ratio_tokens else 0.0
         self.ratio_skipped = limit is not None and mean_abs_log > limit
@@ -208,20 +221,50 @@ class PpoTrainModule(GrpoTrainModule):
         if self.ratio_skipped or not math.isfinite(critic_norm):
             return StepOutcome.SKIPPED
         if not self._critic_only:
+            extra = {k: v for k, v in self.last.items() if k.startswith("critic_")}
             outcome = TrainModule.optim_step(self)  # the policy: clip, schedule, step (or SKIPPED on non-finite)
-            self.last.update(critic_grad_norm=critic_norm, critic_clip_coef=1.0)
+            self.last.update(extra)
             if outcome is not StepOutcome.APPLIED:
                 return outcome
             self.push_weights()  # the rollout policy = the training policy after every applied update
         if self.critic_cfg.max_grad_norm is not None:
             self.last["critic_clip_coef"] = clip_grads_(critic_params, critic_norm, self.critic_cfg.max_grad_norm)
         self.critic_optimizer.step()
+        if self.ppo.critic_extra_epochs:
+            self._refit_critic(critic_params)
         return StepOutcome.APPLIED
+
+    def _refit_critic(self, params: list[nn.Parameter]) -> None:
+        """`[ppo] critic_extra_epochs` value-only passes over the step's micro-batches, one critic step each."""
+        scale = 1.0 / self._window_units  # the Trainer's normalisation of the joint step (one process)
+        losses, applied, skipped = [], 0, 0
+        for _ in range(self.ppo.critic_extra_epochs):
+            self.critic_optimizer.zero_grad(set_to_none=True)
+            total = 0.0
+            for batch in self._window_batches:
+                batch = to_device(batch, device())
+                v_tok, _ = value_per_token(completion_values(self.critic, batch), batch["old_values"],
+                                           batch["returns"], self.ppo_loss.value_clip)
+                loss = (v_tok * batch["loss_mask"]).sum()
+                (self.ppo_loss.value_coef * scale * loss).backward()
+                total += float(loss.detach())
+            losses.append(total * scale)
+            norm = global_grad_norm(params)
+            if not math.isfinite(norm):  # this pass is not stepped; the step itself stays applied
+                skipped += 1
+                continue
+            if self.critic_cfg.max_grad_norm is not None:
+                clip_grads_(params, norm, self.critic_cfg.max_grad_norm)
+            self.critic_optimizer.step()
+            applied += 1
+        self.last.update(critic_extra_steps=float(applied), critic_extra_skipped=float(skipped),
+                         critic_extra_loss_first=losses[0], critic_extra_loss_last=losses[-1])
 
     def zero_grads(self) -> None:
         super().zero_grads()
         self.critic_optimizer.zero_grad(set_to_none=True)
         self._ratio_abs_log, self._ratio_tokens = 0.0, 0.0
+        self._window_batches = []
 
     # ------------------------------------------------------------------------------------------------ state
     def extra_state(self) -> dict:

@@ -1,4 +1,5 @@
-"""Typed tables of the PPO stage: `[ppo]` (the KL to the reference, the critic warmup, the ratio tripwire) and the
+"""Typed tables of the PPO stage: `[ppo]` (the KL to the reference, the critic warmup and extra value-only passes,
+the ratio tripwire) and the
 stage config that composes every component's own table (the rollout's tables are GRPO's: align.rl.stage_config)."""
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ class PpoConfig:
     kl_in: Literal["reward", "loss"] = "reward"  # reward: -beta * (logp - ref) on every token's reward (TRL PPO);
     # loss: + beta * k3(logp, ref) per token in the loss (as GRPO's kl_beta)
     critic_warmup_rollouts: int = 0  # the first N rollouts train the critic only (the policy does not move)
+    critic_extra_epochs: int = 0  # after every applied step, N more value-only passes over the step's micro-batches
+    # (the policy frozen), each one critic optimizer step: the critic fits the rollout's returns before the next
     ratio_skip_abs_log: float | None = 1.0  # a step whose mean |log r| over its loss tokens exceeds this is not
     # applied (policy nor critic) and counts as a skipped step (the Trainer's skip caps: HALT 81); None: off
 
@@ -43,6 +46,8 @@ class PpoConfig:
             raise ValueError(f"PpoConfig.kl_in must be 'reward' or 'loss', got {self.kl_in!r}")
         if self.critic_warmup_rollouts < 0:
             raise ValueError(f"PpoConfig.critic_warmup_rollouts must be >= 0, got {self.critic_warmup_rollouts}")
+        if self.critic_extra_epochs < 0:
+            raise ValueError(f"PpoConfig.critic_extra_epochs must be >= 0, got {self.critic_extra_epochs}")
         if self.ratio_skip_abs_log is not None and not self.ratio_skip_abs_log > 0:
             raise ValueError(f"PpoConfig.ratio_skip_abs_log must be > 0 or absent, got {self.ratio_skip_abs_log}")
 

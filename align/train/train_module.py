@@ -84,7 +84,7 @@ class TrainModuleConfig:
     parallel: ParallelConfig = ParallelConfig()
 
 
-def _to_device(batch: dict, dev: torch.device) -> dict:
+def to_device(batch: dict, dev: torch.device) -> dict:
     return {k: v.to(dev, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
 
 
@@ -122,7 +122,7 @@ class TrainModule:
     def train_batch(self, batch: dict, accum: AccumInfo) -> StepMetrics:
         """Forward + backward of one micro-batch; gradients accumulate until `optim_step`."""
         self.net.train()
-        batch = _to_device(batch, device())
+        batch = to_device(batch, device())
         scale = accum.world_size / accum.global_units if accum.global_units > 0 else 0.0
         with grad_sync(self.net, accum.is_last or self.cfg.parallel.sync_every_micro_batch):
             out = self.net(batch)

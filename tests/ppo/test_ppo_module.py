@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from align.ppo.entropy import token_entropy
+from align.ppo.loss import value_per_token
 from align.ppo.rewards import reward_model_scorer, token_rewards
 from align.ppo.stage_config import PpoConfig
 from align.rl.grpo_loss import k3_kl
@@ -105,6 +106,64 @@ def test_critic_warmup_moves_only_the_critic_and_is_not_a_skip(tmp_path):
     assert rows[0]["grad_norm"] is None and rows[2]["grad_norm"] > 0  # the policy had no gradient in warmup
 
 
+def rollout_value_loss(module, window) -> float:
+    """The critic's value loss (the joint step's term, 1/2 max(plain, clipped)) over a window's loss tokens."""
+    total = tokens = 0.0
+    for mb in window:
+        v_tok, _ = value_per_token(module.values(mb), mb["old_values"], mb["returns"], module.ppo_loss.value_clip)
+        total, tokens = total + float((v_tok * mb["loss_mask"]).sum()), tokens + float(mb["loss_mask"].sum())
+    return total / tokens
+
+
+@pytest.mark.parametrize("warmup", [0, 1])
+def test_extra_value_passes_fit_the_rollout_and_leave_the_policy_as_without(tmp_path, warmup):
+    # lr 1e-3 (not the fixture's 2e-2, at which Adam's first steps overshoot this small fit)
+    plain, plain_client, plain_source = make_ppo(tmp_path, ppo=PpoConfig(critic_warmup_rollouts=warmup), lr=1e-3)
+    extra, extra_client, extra_source = make_ppo(tmp_path, ppo=PpoConfig(critic_warmup_rollouts=warmup,
+                                                                         critic_extra_epochs=3), lr=1e-3)
+    window, same = next(iter(plain_source)), next(iter(extra_source))
+    assert all(torch.equal(a["returns"], b["returns"]) for a, b in zip(window, same))  # the same rollout
+    assert train_window(plain, window) is StepOutcome.APPLIED and train_window(extra, same) is StepOutcome.APPLIED
+    # the policy's step, its version and its push are the joint step's alone: bitwise those of the plain module
+    assert extra.version == plain.version == extra_client.weight_version == plain_client.weight_version == 1 - warmup
+    for (name, p), (_, q) in zip(plain.model.named_parameters(), extra.model.named_parameters()):
+        assert torch.equal(p, q), name
+    for (name, p), (_, q) in zip(plain.model.named_parameters(), extra_client.engine.model.named_parameters()):
+        assert torch.equal(p, q), name
+    # the first extra pass starts where the plain module's critic ended; each pass lowers the rollout's value loss
+    first, last = extra.last["critic_extra_loss_first"], extra.last["critic_extra_loss_last"]
+    assert first == pytest.approx(rollout_value_loss(plain, window), rel=1e-5)
+    after = rollout_value_loss(extra, same)
+    assert after < last < first, (first, last, after)
+    assert extra.last["critic_extra_steps"] == 3 and extra.last["critic_extra_skipped"] == 0
+    assert plain.last["critic_extra_steps"] == 0 and math.isnan(plain.last["critic_extra_loss_first"])
+
+
+def test_a_non_finite_extra_pass_is_not_stepped_and_not_a_skip(tmp_path, monkeypatch):
+    import align.ppo.module as ppo_module
+    plain, _, plain_source = make_ppo(tmp_path)
+    module, _, source = make_ppo(tmp_path, ppo=PpoConfig(critic_extra_epochs=2))
+    window = next(iter(source))
+    assert train_window(plain, next(iter(plain_source))) is StepOutcome.APPLIED
+    calls, real = [], ppo_module.completion_values
+
+    def poisoned(critic, batch):  # the joint step's forwards are finite, the extra passes' are not
+        calls.append(1)
+        out = real(critic, batch)
+        return out * math.nan if len(calls) > len(window) else out
+
+    monkeypatch.setattr(ppo_module, "completion_values", poisoned)
+    assert train_window(module, window) is StepOutcome.APPLIED  # the joint step stands
+    assert len(calls) == 3 * len(window)
+    assert module.last["critic_extra_skipped"] == 2 and module.last["critic_extra_steps"] == 0
+    for (name, p), (_, q) in zip(plain.critic.named_parameters(), module.critic.named_parameters()):
+        assert torch.equal(p, q), name  # neither poisoned pass was stepped
+    monkeypatch.setattr(ppo_module, "completion_values", real)
+    _, _, trainer, rows = fit(tmp_path, "run", 2, ppo=PpoConfig(critic_extra_epochs=2))
+    assert [r["applied"] for r in rows] == [1, 1] and trainer.skips.bad == 0
+    assert [r["critic_extra_steps"] for r in rows] == [2, 2] and [r["critic_extra_skipped"] for r in rows] == [0, 0]
+
+
 def test_a_rollout_from_stale_weights_is_never_trained_on(tmp_path):
     module, client, source = make_ppo(tmp_path)
     module.client = None  # the weight push is lost: the engine keeps version 0
@@ -149,8 +208,9 @@ def test_kl_in_the_loss_adds_beta_k3(tmp_path):
     assert with_kl.sums["kl_sum"] > 0 and without.sums["kl_sum"] == 0
 
 
-def test_interrupted_run_resumes_bit_exactly_critic_included(tmp_path):
-    kw = dict(ppo=PpoConfig(critic_warmup_rollouts=1, kl_beta=0.05))
+@pytest.mark.parametrize("extra", [0, 2])
+def test_interrupted_run_resumes_bit_exactly_critic_included(tmp_path, extra):
+    kw = dict(ppo=PpoConfig(critic_warmup_rollouts=1, kl_beta=0.05, critic_extra_epochs=extra))
     whole, _, _, _ = fit(tmp_path, "whole", 5, **kw)
     fit(tmp_path, "split", 5, stop_at=3, **kw)  # stops mid-rollout (2 windows per rollout): pending windows saved
     resumed, _, trainer, _ = fit(tmp_path, "split", 5, **kw)

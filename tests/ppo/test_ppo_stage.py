@@ -40,6 +40,7 @@ truncated = "keep"
 [ppo]
 kl_beta = 0.05
 critic_warmup_rollouts = 1
+critic_extra_epochs = 2
 [canary]
 every = 2
 rows = 2
@@ -79,6 +80,7 @@ def test_stage_publishes_and_sigterm_resume_is_bitwise_equal(tmp_path, monkeypat
     for key in ("loss", "policy_loss", "value_loss", "explained_variance", "ratio_mean", "rollout/kl",
                 "rollout/gen_s", "canary/pass@1", "health/reward_baseline", "tokens_per_s", "critic_grad_norm"):
         assert key in rows[0], key
+    assert [r["critic_extra_steps"] for r in rows] == [2] * STEPS and [r["applied"] for r in rows] == [1] * STEPS
     assert rows[3]["ratio_mean"] is not None and rows[0]["ratio_mean"] is None  # no policy forward in warmup
     assert (whole / "final" / "manifest.json").is_file() and (whole / "critic" / "manifest.json").is_file()
     assert checkpoint_content_hash(whole / "final") != metrics["start_checkpoint"]  # the policy moved
@@ -94,7 +96,8 @@ def test_stage_publishes_and_sigterm_resume_is_bitwise_equal(tmp_path, monkeypat
     for name in ("final", "critic"):
         assert checkpoint_content_hash(cut / name) == checkpoint_content_hash(whole / name), name
     a, b = read_history(whole / "history.jsonl"), read_history(cut / "history.jsonl")
-    assert [r["loss"] for r in a] == [r["loss"] for r in b]
+    for key in ("loss", "critic_extra_loss_first", "critic_extra_loss_last"):
+        assert [r[key] for r in a] == [r[key] for r in b], key
 
 
 def test_stage_rewards_with_a_reward_model(tmp_path, monkeypatch):

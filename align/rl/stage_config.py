@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from align.ppo.lora import LoraConfig
 from align.profile import CommonConfig
 from align.rl.advantages import AdvantageConfig
 from align.rl.curriculum import CurriculumConfig
@@ -125,3 +126,5 @@ class GrpoStageConfig(CommonConfig):
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     moe_aux: MoeAuxConfig = field(default_factory=MoeAuxConfig)  # [moe_aux]: MoE policies only (default: none)
+    lora: LoraConfig | None = None  # [lora] (align.ppo.lora_stage): adapters train, the sampler follows by
+    # [lora] engine_sync; absent: full fine-tuning

@@ -12,7 +12,6 @@ stage. `<runs>` is $ALIGN_RUNS_DIR under the pipeline, else runs/tiny."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -21,7 +20,6 @@ from align.config import load_cli_config
 from align.eval.inloop import build_inloop_eval, verifier_task
 from align.exit_codes import exit_stage
 from align.model.checkpoint import DTYPES, checkpoint_content_hash, load_checkpoint, tokenizer_dir_for
-from align.ppo.lora import LoraConfig
 from align.ppo.lora_checkpoint import lora_weight_format
 from align.ppo.lora_stage import maybe_lora, publish_final
 from align.rl.batch_source import GrpoBatchSource, PromptSet
@@ -42,13 +40,6 @@ from align.train.trainer import Trainer
 from align.utils.dist import device, is_rank0, rank, world_size
 from align.utils.fsio import atomic_write_json
 
-@dataclass(frozen=True, kw_only=True)
-class GrpoLoraStageConfig(GrpoStageConfig):
-    """The GRPO stage's config with `[lora]` (align.ppo.lora_stage): adapters train, the sampler gets merged weights."""
-
-    lora: LoraConfig | None = None
-
-
 def reference_scorer(start: Path, cfg: GrpoStageConfig):
     """Log-probs under the frozen start weights (only built when a KL term needs them)."""
     ref = load_checkpoint(start, dtype=DTYPES[cfg.data.model_dtype], device=device()).eval().requires_grad_(False)
@@ -62,7 +53,7 @@ def reference_scorer(start: Path, cfg: GrpoStageConfig):
 
 
 def main() -> int:
-    cfg = load_cli_config(GrpoLoraStageConfig, prog="align.stages.grpo")
+    cfg = load_cli_config(GrpoStageConfig, prog="align.stages.grpo")
     inp = open_rl_stage(cfg, "grpo_checkpoint")
     runs, run_dir, start, tok, prompts, heldout, client = (inp.runs, inp.run_dir, inp.start, inp.tok, inp.prompts,
                                                            inp.heldout, inp.client)

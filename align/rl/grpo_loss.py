@@ -61,6 +61,11 @@ class GrpoLossConfig:
     head_dtype: Literal["float32", "bfloat16"] = "float32"  # the LM head's GEMM operands (logits stay fp32)
     fused: bool = True  # token-level ratio: gradients formed in forward (align.rl.fused_objective, 3 head GEMMs
     # instead of 4); false, or ratio_level "sequence": logits recomputed in backward (align.rl.token_logprobs)
+    # The head's per-row passes (max, exp sums, entropy, d logp / d logits), in both heads and the reference scorer:
+    # "native" in C (align.kernels.ce_rows, the SFT head's rows), "auto" = C on a CPU where it builds, "torch" =
+    # torch ops. The default stays "torch": PPO's training forward (align.ppo.module) calls the torch rows, and its
+    # pi_old scoring goes through this config's default; both must give the same bits.
+    kernel: Literal["auto", "native", "torch"] = "torch"
 
     def __post_init__(self):
         problems = []

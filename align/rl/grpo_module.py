@@ -31,6 +31,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from align.kernels.fused_ce import use_native
 from align.rl.assembly import check_layout
 from align.rl.grpo_loss import GrpoLossConfig, clip_fractions, loss_sum, loss_units, policy_terms
 from align.rl.fused_objective import fused_token_objective
@@ -71,6 +72,7 @@ class GrpoTrainModule(TrainModule):
         self.loss_cfg, self.temperature = loss_cfg, temperature
         self.constant_length = loss_cfg.constant_length or constant_length
         self.head_dtype = torch.bfloat16 if loss_cfg.head_dtype == "bfloat16" else None
+        self.native = use_native(loss_cfg.kernel, model.lm_head.weight.device)  # the head's row passes in C
         super().__init__(model, cfg, total_steps, seed)
         self.client = client
         self.health = health if health is not None else GrpoHealth()
@@ -82,13 +84,14 @@ class GrpoTrainModule(TrainModule):
         if batch.get("score_only"):
             with torch.no_grad():
                 logp, _ = completion_logprobs(model, batch, self.temperature, self.loss_cfg.chunk_size,
-                                              self.head_dtype)
+                                              self.head_dtype, self.native)
             return LossOutput(logp.new_zeros(()), {"logprobs": logp})
         check_layout(batch)
         cfg = self.loss_cfg
         if cfg.fused and cfg.ratio_level == "token":
             return self._fused_loss(model, batch)
-        logp, entropy = completion_logprobs(model, batch, self.temperature, cfg.chunk_size, self.head_dtype)
+        logp, entropy = completion_logprobs(model, batch, self.temperature, cfg.chunk_size, self.head_dtype,
+                                            self.native)
         mask = batch["loss_mask"]
         terms = policy_terms(logp, self._old_logprobs(batch, logp), batch["rollout_logprobs"], batch["advantages"],
                              mask, cfg, batch.get("ref_logprobs"))
@@ -117,7 +120,7 @@ class GrpoTrainModule(TrainModule):
 
         hidden, weight = head_inputs(hidden, model.lm_head.weight, self.head_dtype)
         total, logp, entropy = fused_token_objective(hidden, weight, targets, self.temperature, objective,
-                                                     cfg.chunk_size)
+                                                     cfg.chunk_size, self.native)
         logp, entropy = unflatten(logp, real), unflatten(entropy, real)
         with torch.no_grad():  # the (N, C) terms again, for the logged statistics only
             terms = policy_terms(logp, logp if from_forward else batch["old_logprobs"], batch["rollout_logprobs"],

@@ -19,18 +19,27 @@ from __future__ import annotations
 
 import torch
 
+from align.kernels import ce_rows
+
 
 def _acc(t: torch.Tensor) -> torch.dtype:
     return torch.promote_types(t.dtype, torch.float32)
 
 
-def tempered_chunk(h: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, inv_temp: float):
-    """One chunk's head: (e = exp(z - max) (c, V), s = sum e, logp_y, entropy, lse) with z = h W^T / T in fp32.
-    Shared by both GRPO heads so that they give the same bits for the same rows (pi_old scored by one, the
-    training forward by the other, must agree exactly when the weights are the same)."""
-    z = (h @ weight.t()).to(_acc(h))  # (c, V); from bf16 operands the GEMM's output is bf16-rounded (CPU)
+def tempered_logits(h: torch.Tensor, weight: torch.Tensor, inv_temp: float) -> torch.Tensor:
+    """z = h W^T / T of one chunk, (c, V) fp32; from bf16 operands the GEMM's output is bf16-rounded (CPU)."""
+    z = (h @ weight.t()).to(_acc(h))
     if inv_temp != 1.0:
         z.mul_(inv_temp)
+    return z
+
+
+def tempered_chunk(h: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, inv_temp: float):
+    """One chunk's head in torch ops: (e = exp(z - max) (c, V), s = sum e, logp_y, entropy, lse) with z = h W^T / T
+    in fp32. Shared by both GRPO heads so that they give the same bits for the same rows (pi_old scored by one, the
+    training forward by the other, must agree exactly when the weights are the same); `native_chunk` is the same
+    head with its row passes in C."""
+    z = tempered_logits(h, weight, inv_temp)  # (c, V)
     peak = z.amax(dim=-1, keepdim=True)
     z.sub_(peak)
     e = z.exp()  # (c, V), the second buffer
@@ -41,9 +50,27 @@ def tempered_chunk(h: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, inv_t
     return e, s, logp, entropy, log_s + peak.squeeze(1)
 
 
+def native_chunk(h: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, inv_temp: float, grad: bool):
+    """One chunk's head with the row passes in C (align.kernels.ce_rows: per row, in L2, the max, the exp sums and,
+    with `grad`, the softmax written over the logits; torch's exp_ and vecdot over the (c, V) block are bound by
+    the exp on a CPU): (buffer (c, V), logp_y, entropy, lse). With `grad` the buffer holds d(-logp_y)/dz =
+    softmax(z) - onehot(y), else the logits z. The same bits for the same rows whichever of the two GRPO heads
+    calls it (the kernel's statistics do not depend on `grad`)."""
+    z = tempered_logits(h, weight, inv_temp)
+    lse, ce, entropy = ce_rows.ce_rows_(z, y, 0.0, grad)
+    return z, ce.neg_(), entropy, lse
+
+
+def chunk_logprobs(h: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, inv_temp: float, native: bool):
+    """(logp_y, entropy, lse) of one chunk through the torch or the C row passes (no gradient buffer)."""
+    if native:
+        return native_chunk(h, weight, y, inv_temp, grad=False)[1:]
+    return tempered_chunk(h, weight, y, inv_temp)[2:]
+
+
 class _TemperedTokenLogprob(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, targets, inv_temp: float, chunk: int):
+    def forward(ctx, hidden, weight, targets, inv_temp: float, chunk: int, native: bool):
         # shape: hidden (N, D) completion rows only, weight (V, D), targets (N,) -> logp (N,), entropy (N,)
         n, acc = hidden.shape[0], _acc(hidden)
         logp = torch.empty(n, dtype=acc, device=hidden.device)
@@ -51,10 +78,10 @@ class _TemperedTokenLogprob(torch.autograd.Function):
         entropy = torch.empty(n, dtype=acc, device=hidden.device)
         for lo in range(0, n, chunk):
             hi = min(lo + chunk, n)
-            _, _, logp[lo:hi], entropy[lo:hi], lse[lo:hi] = tempered_chunk(hidden[lo:hi], weight, targets[lo:hi],
-                                                                           inv_temp)
+            logp[lo:hi], entropy[lo:hi], lse[lo:hi] = chunk_logprobs(hidden[lo:hi], weight, targets[lo:hi],
+                                                                     inv_temp, native)
         ctx.save_for_backward(hidden, weight, targets, lse)
-        ctx.inv_temp, ctx.chunk = inv_temp, chunk
+        ctx.inv_temp, ctx.chunk, ctx.native = inv_temp, chunk, native
         ctx.mark_non_differentiable(entropy)
         return logp, entropy
 
@@ -70,16 +97,19 @@ class _TemperedTokenLogprob(torch.autograd.Function):
             hi = min(lo + ctx.chunk, hidden.shape[0])
             h, g = hidden[lo:hi], g_all[lo:hi]
             # d loss / d z = g * (onehot(y) - softmax(z)), built in place in the recomputed logits buffer
-            dz = (h @ weight.t()).to(acc).mul_(s).sub_(lse[lo:hi, None]).exp_().mul_(-g[:, None])
-            dz[torch.arange(hi - lo, device=dz.device), targets[lo:hi]] += g
-            dz.mul_(s)  # chain rule through z = (h W^T) * inv_temp
+            if ctx.native:  # the C rows give softmax - onehot; the scale folds in the chain rule through 1 / T
+                dz = native_chunk(h, weight, targets[lo:hi], s, grad=True)[0].mul_((-g * s)[:, None])
+            else:
+                dz = (h @ weight.t()).to(acc).mul_(s).sub_(lse[lo:hi, None]).exp_().mul_(-g[:, None])
+                dz[torch.arange(hi - lo, device=dz.device), targets[lo:hi]] += g
+                dz.mul_(s)  # chain rule through z = (h W^T) * inv_temp
             if grad_h is not None:
                 torch.matmul(dz.to(hidden.dtype), weight, out=grad_h[lo:hi])  # (c, D)
             if grad_w is not None:  # a low-precision GEMM for low-precision inputs, fp32 sum across chunks
                 grad_w.add_(dz.to(h.dtype).t() @ h if h.dtype != acc else dz.t().mm(h))
         if grad_w is not None:
             grad_w = grad_w.to(weight.dtype)
-        return grad_h, grad_w, None, None, None
+        return grad_h, grad_w, None, None, None, None
 
 
 def check_head_inputs(weight: torch.Tensor, targets: torch.Tensor, temperature: float, chunk_size: int) -> None:
@@ -92,11 +122,13 @@ def check_head_inputs(weight: torch.Tensor, targets: torch.Tensor, temperature: 
 
 
 def tempered_token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float,
-                            chunk_size: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
+                            chunk_size: int = 1024, native: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(logp, entropy) of `targets` under softmax(hidden W^T / temperature); hidden (N, D), targets (N,).
-    logp is differentiable in hidden and weight; entropy is detached."""
+    logp is differentiable in hidden and weight; entropy is detached. `native`: the row passes in C
+    (`native_chunk`; align.kernels.fused_ce.use_native decides it from a `[loss] kernel`)."""
     check_head_inputs(weight, targets, temperature, chunk_size)
-    return _TemperedTokenLogprob.apply(hidden, weight, targets, 1.0 / float(temperature), int(chunk_size))
+    return _TemperedTokenLogprob.apply(hidden, weight, targets, 1.0 / float(temperature), int(chunk_size),
+                                       bool(native))
 
 
 def completion_positions(batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
@@ -131,9 +163,10 @@ def head_inputs(hidden: torch.Tensor, weight: torch.Tensor, dtype: torch.dtype |
 
 
 def completion_logprobs(model, batch: dict, temperature: float, chunk_size: int = 1024,
-                        head_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                        head_dtype: torch.dtype | None = None, native: bool = False
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
     """(logp, entropy), each (B, C) fp32 with zeros outside `completion_mask`, for an align causal LM."""
     hidden, targets, mask = completion_rows(model, batch)
     hidden, weight = head_inputs(hidden, model.lm_head.weight, head_dtype)
-    logp, ent = tempered_token_logprobs(hidden, weight, targets, temperature, chunk_size)
+    logp, ent = tempered_token_logprobs(hidden, weight, targets, temperature, chunk_size, native)
     return unflatten(logp, mask), unflatten(ent, mask)

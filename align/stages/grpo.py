@@ -19,6 +19,7 @@ import torch
 from align.config import load_cli_config
 from align.eval.inloop import build_inloop_eval, verifier_task
 from align.exit_codes import exit_stage
+from align.kernels.fused_ce import use_native
 from align.model.checkpoint import DTYPES, checkpoint_content_hash, load_checkpoint, tokenizer_dir_for
 from align.ppo.lora_checkpoint import lora_weight_format
 from align.ppo.lora_stage import maybe_lora, publish_final
@@ -40,14 +41,16 @@ from align.train.trainer import Trainer
 from align.utils.dist import device, is_rank0, rank, world_size
 from align.utils.fsio import atomic_write_json
 
-def reference_scorer(start: Path, cfg: GrpoStageConfig):
-    """Log-probs under the frozen start weights (only built when a KL term needs them)."""
+def reference_scorer(start: Path, cfg: GrpoStageConfig, kernel: str = "torch"):
+    """Log-probs under the frozen start weights (only built when a KL term needs them); `kernel`: the policy's
+    `[loss] kernel`, so that the same head rows give k3 = 0 exactly at the start."""
     ref = load_checkpoint(start, dtype=DTYPES[cfg.data.model_dtype], device=device()).eval().requires_grad_(False)
+    native = use_native(kernel, device())
 
     @torch.no_grad()
     def scorer(batch: dict) -> torch.Tensor:
         batch = {k: v.to(device()) if torch.is_tensor(v) else v for k, v in batch.items()}
-        return completion_logprobs(ref, batch, cfg.shape.temperature, cfg.loss.chunk_size)[0]
+        return completion_logprobs(ref, batch, cfg.shape.temperature, cfg.loss.chunk_size, native=native)[0]
 
     return scorer
 
@@ -72,7 +75,7 @@ def main() -> int:
         cfg.dynamic_sampling, cfg.advantage, seed=cfg.run.seed, eos_id=tok.eos_id,
         policy_version=lambda: module.version,
         old_scorer=module.score if cfg.shape.old_logprobs == "recompute" else None,
-        ref_scorer=reference_scorer(start, cfg) if needs_ref else None, world_size=world_size())
+        ref_scorer=reference_scorer(start, cfg, cfg.loss.kernel) if needs_ref else None, world_size=world_size())
     task = verifier_task(heldout, decode, tok.eos_id)
     rows = range(min(cfg.data.eval_rows or len(heldout), len(heldout)))
     before = evaluate(client, task, rows, cfg.data.eval_max_new_tokens)

@@ -6,12 +6,16 @@ import math
 import pytest
 import torch
 
+from align.kernels import ce_rows
 from align.rl.grpo_loss import GrpoLossConfig
 from align.rl.stage_config import RolloutShape
 from align.rl.token_logprobs import completion_logprobs
 from align.train.train_module import AccumInfo, StepOutcome
 from align.train.trainer import Trainer, TrainerConfig
 from rl_fixtures import make_client, make_module, make_source, tiny_model
+
+KERNELS = [pytest.param("native", marks=pytest.mark.skipif(not ce_rows.available(), reason="no C compiler")),
+           "torch"]  # the head's row passes ([loss] kernel)
 
 
 def first_window(loss=GrpoLossConfig(), temperature=1.0):
@@ -103,15 +107,19 @@ def test_interrupted_run_resumes_bit_exactly(tmp_path):
         assert torch.equal(a, b), name
 
 
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("loss", [GrpoLossConfig(), GrpoLossConfig(normalisation="sequence", kl_beta=0.05),
                                   GrpoLossConfig(rho_cap=1.05, rho_mask_low=0.99, rho_mask_high=1.01)])
-def test_fused_head_equals_the_recomputing_head(loss):
-    """Gradients formed in forward (3 head GEMMs) equal the recompute-in-backward path (4), value and gradient."""
+def test_fused_head_equals_the_recomputing_head(loss, kernel):
+    """Gradients formed in forward (3 head GEMMs) equal the recompute-in-backward path (4), value and gradient,
+    with the head's row passes in torch ops or in C."""
     import dataclasses
 
     results = []
     for fused in (True, False):
-        module, _, window = first_window(dataclasses.replace(loss, fused=fused, chunk_size=7), temperature=0.9)
+        module, _, window = first_window(dataclasses.replace(loss, fused=fused, chunk_size=7, kernel=kernel),
+                                         temperature=0.9)
+        assert module.native == (kernel == "native")
         batch = dict(window[0])
         batch.pop("old_from_forward")  # pi_old given: ratios differ from 1, and rho varies around 1
         noise = torch.randn(batch["rollout_logprobs"].shape, generator=torch.Generator().manual_seed(0))
@@ -143,13 +151,14 @@ def test_bf16_head_stays_close_to_the_fp32_head():
     assert torch.nn.functional.cosine_similarity(g32, g16, dim=0) > 0.99
 
 
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("temperature", [0.6, 1.0])
-def test_sampler_and_trainer_log_probs_agree_at_the_sampling_temperature(temperature):
+def test_sampler_and_trainer_log_probs_agree_at_the_sampling_temperature(temperature, kernel):
     """The engine's per-token log-probs (the behaviour policy of rho) and the trainer's scoring of the same tokens
     (pi_old and the training forward) are both log softmax(z / T): with the same weights they agree, so rho == 1
     and the ratio is exact at any rollout temperature. At T != 1 the untempered log-probs differ visibly, so a path
     that forgot the temperature on either side would fail here."""
-    module, _, window = first_window(temperature=temperature)
+    module, _, window = first_window(GrpoLossConfig(kernel=kernel), temperature=temperature)
     batch = dict(window[0])
     mask = batch["completion_mask"].bool()
     trainer = module.score(batch)[mask]
@@ -157,6 +166,7 @@ def test_sampler_and_trainer_log_probs_agree_at_the_sampling_temperature(tempera
     assert torch.allclose(trainer, sampler, atol=2e-5), float((trainer - sampler).abs().max())
     out = module.loss(module.model, batch)  # the fused training forward (pi_old from it) on the same rows
     assert out.sums["rho_abs_log_sum"].item() / out.sums["completion_tokens"].item() < 2e-5
+    assert out.sums["ratio_sum"].item() == out.sums["loss_tokens"].item()  # pi_old is this forward: r == 1
     if temperature != 1.0:
         untempered, _ = completion_logprobs(module.model, batch, 1.0)
         assert (untempered[mask] - sampler).abs().max() > 1e-2

@@ -5,6 +5,8 @@ import pytest
 import torch
 
 from align.model import MistralConfig, MistralForCausalLM
+from align.kernels import ce_rows
+from align.rl.fused_objective import fused_token_objective
 from align.rl.token_logprobs import completion_logprobs, completion_positions, tempered_token_logprobs
 
 
@@ -71,3 +73,56 @@ def test_completion_logprobs_score_each_token_after_its_own_prefix():
         want = z.log_softmax(-1)[len(p) - 1:len(p) + len(c) - 1].gather(1, torch.tensor(c)[:, None]).squeeze(1)
         assert torch.allclose(logp[b, :len(c)], want, atol=1e-10)
     assert (logp[0, 2] == 0) and (ent[0, 2] == 0)  # padding positions are zero
+
+
+needs_native = pytest.mark.skipif(not ce_rows.available(), reason="no C compiler to build csrc/ce_rows.c")
+
+
+@needs_native
+@pytest.mark.parametrize("temperature,chunk", [(1.0, 3), (0.7, 4), (1.3, 100)])
+def test_c_rows_match_full_logits(temperature, chunk):
+    """The head with its row passes in C (fp32 only) against the float64 formula: values, entropies, gradients."""
+    gen = torch.Generator().manual_seed(2)
+    h = torch.randn(10, 8, generator=gen, requires_grad=True)
+    w = torch.randn(50, 8, generator=gen, requires_grad=True)
+    y = torch.randint(0, 50, (10,), generator=gen)
+    g = torch.randn(10, generator=gen)
+    logp, ent = tempered_token_logprobs(h, w, y, temperature, chunk, native=True)
+    (logp * g).sum().backward()
+    grads = h.grad.clone(), w.grad.clone()
+    h64, w64 = h.detach().double().requires_grad_(True), w.detach().double().requires_grad_(True)
+    ref_logp, ref_ent = plain(h64, w64, y, temperature)
+    (ref_logp * g.double()).sum().backward()
+    assert torch.allclose(logp.double(), ref_logp, atol=1e-5) and torch.allclose(ent.double(), ref_ent, atol=1e-5)
+    assert torch.allclose(grads[0].double(), h64.grad, atol=1e-5) and torch.allclose(grads[1].double(), w64.grad,
+                                                                                      atol=1e-5)
+
+
+@needs_native
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_fused_objective_with_c_rows_gives_the_scoring_heads_bits(temperature):
+    """pi_old scored by the unfused head and the fused training forward must agree exactly on the same weights (rho
+    and the first window's ratio are exact); the fused gradient, which skips the rows whose g is 0, equals the
+    unfused one's."""
+    gen = torch.Generator().manual_seed(3)
+    h = torch.randn(40, 16, generator=gen, requires_grad=True)
+    w = torch.randn(300, 16, generator=gen, requires_grad=True)
+    y = torch.randint(0, 300, (40,), generator=gen)
+    adv = torch.randn(40, generator=gen)
+    adv[::3] = 0.0  # tokens without a gradient: left out of the fused head's two gradient GEMMs
+
+    def objective(x, rows):
+        return -(x - x.detach()).exp() * adv[rows]
+
+    total, logp, ent = fused_token_objective(h, w, y, temperature, objective, 16, native=True)
+    total.backward()
+    fused = h.grad.clone(), w.grad.clone()
+    h.grad = w.grad = None
+    plain_logp, plain_ent = tempered_token_logprobs(h, w, y, temperature, 16, native=True)
+    (-(plain_logp - plain_logp.detach()).exp() * adv).sum().backward()
+    assert torch.equal(logp, plain_logp.detach()) and torch.equal(ent, plain_ent)
+    assert torch.equal(fused[0][::3], torch.zeros_like(fused[0][::3]))
+    assert torch.allclose(fused[0], h.grad, rtol=1e-5, atol=1e-6) and torch.allclose(fused[1], w.grad, rtol=1e-5,
+                                                                                      atol=1e-6)
+    torch_logp, _ = tempered_token_logprobs(h, w, y, temperature, 16)
+    assert torch.allclose(logp, torch_logp.detach(), atol=1e-5)  # another rounding, the same values

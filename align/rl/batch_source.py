@@ -17,6 +17,10 @@ Per rollout (this rank's share: P / world_size prompts x G samples):
     5. `old_logprobs = "recompute"`: the training model's log-probs at the rollout's weights (the exact pi_old of
        the ratio, and rho's numerator): the first window's come from its own training forward (flag
        `old_from_forward`); every row that trains later (later minibatches, later epochs) is scored once, now
+    6. with a `skip_rows` rule (`[loss] zero_gradient_rows = "skip"`, align.rl.zero_rows) the rows whose loss and
+       gradient are exactly 0 leave the micro-batches before step 5 (so they are not scored either); each window's
+       first micro-batch carries them as `skipped` (their loss units and row counts, no forward). The micro-batch
+       and scoring-pass counts are agreed by every rank (one MAX all-reduce each), so the collectives still match.
 A window whose rollout is staler than `max_staleness` optimizer steps when it comes up is trained
 (`on_stale = "correct"`: the ratio and rho account for it) or dropped with the rest of its rollout ("refuse").
 
@@ -40,7 +44,9 @@ from align.rl.prompts import PromptSet  # also imported from here by the stages 
 from align.rl.rewards import CompositeReward
 from align.rl.stage_config import DynamicSamplingConfig, RolloutShape
 from align.rl.types import Group, ScoredSample
+from align.rl.zero_rows import RowRule, cut_window, micro_count, skipped_rows, split_window
 from align.rollout.protocol import RolloutClient, RolloutRequest
+from align.utils.dist import all_reduce_max
 
 STATE_VERSION = 1
 STAT_KEYS = ("rollout/gen_s", "rollout/score_s", "rollout/gen_tokens", "rollout/groups_generated",
@@ -66,11 +72,12 @@ class GrpoBatchSource:
                  reward: CompositeReward, curriculum: PromptCurriculum, shape: RolloutShape,
                  dynamic: DynamicSamplingConfig, advantage: AdvantageConfig, *, seed: int, eos_id: int,
                  policy_version: Callable[[], int], old_scorer: Scorer | None = None,
-                 ref_scorer: Scorer | None = None, world_size: int = 1):
+                 ref_scorer: Scorer | None = None, world_size: int = 1, skip_rows: RowRule | None = None):
         self.prompts, self.client, self.decode, self.reward = prompts, client, decode, reward
         self.curriculum, self.shape, self.dynamic, self.advantage = curriculum, shape, dynamic, advantage
         self.seed, self.policy_version = seed, policy_version
         self.old_scorer, self.ref_scorer = old_scorer, ref_scorer
+        self.skip_rows = skip_rows  # None: every row trains (PPO, and `zero_gradient_rows = "train"`)
         self.local_prompts = shape.check_world(world_size)
         self.params = SamplingParams(temperature=shape.temperature, max_new_tokens=shape.max_new_tokens,
                                      stop_token_ids=(eos_id,))
@@ -112,12 +119,21 @@ class GrpoBatchSource:
         shape = self.shape
         plan = plan_windows(row_lengths(batch), shape.num_minibatches, shape.micro_batch_size,
                             window_seed(self.seed, self.rollouts), shape.epochs)
+        left_out = [None] * len(plan)
+        if self.skip_rows is not None:
+            plan, left_out = self._trim(plan, self.skip_rows(batch))
         if self.old_scorer is not None:  # every row that trains after the first step: scored now, once
             later = torch.cat([rows for window in plan[1:] for rows in window]).unique() if len(plan) > 1 else None
             if later is not None:
+                passes = None
+                if self.skip_rows is not None:  # ranks score different row counts now: agree on the passes
+                    passes = int(all_reduce_max([micro_count(later.numel(), shape.micro_batch_size)])[0])
                 batch["old_logprobs"][later] = self._score(select_rows(batch, later), self.old_scorer,
-                                                           batch["old_logprobs"].shape[1])
+                                                           batch["old_logprobs"].shape[1], passes)
         windows = [[select_rows(batch, rows) for rows in window] for window in plan]
+        for window, rows in zip(windows, left_out):
+            if rows is not None and rows.numel():
+                window[0]["skipped"] = skipped_rows(batch, rows)
         if self.old_scorer is not None:
             for mb in windows[0]:  # trains on exactly the weights that sampled it: pi_old is its own forward
                 mb["old_from_forward"] = True
@@ -184,12 +200,28 @@ class GrpoBatchSource:
                                                        res.logprobs, res.finish_reason, res.weight_version, reward))
         return [Group(row, tuple(by_row[row])) for row in rows]
 
+    def _trim(self, plan: list[list[torch.Tensor]], dropped: torch.Tensor
+              ) -> tuple[list[list[torch.Tensor]], list[torch.Tensor]]:
+        """The plan without the rows `dropped` marks (align.rl.zero_rows), and each window's rows left out. Every
+        rank takes the same number of micro-batches per window: the MAX over ranks of what its kept rows need."""
+        parts = [split_window(window, dropped) for window in plan]
+        counts = all_reduce_max([micro_count(kept.numel(), self.shape.micro_batch_size) for kept, _ in parts])
+        cut = [cut_window(kept, out, int(n)) for (kept, out), n in zip(parts, counts.tolist())]
+        return [micro for micro, _ in cut], [out for _, out in cut]
+
     # ------------------------------------------------------------------------------------------------ scoring
-    def _score(self, batch: dict, scorer: Scorer, width: int | None = None) -> torch.Tensor:
-        """(N, width) log-probs of a batch's rows, scored in micro-batches (longest first, little padding)."""
+    def _score(self, batch: dict, scorer: Scorer, width: int | None = None, passes: int | None = None
+               ) -> torch.Tensor:
+        """(N, width) log-probs of a batch's rows, scored in micro-batches (longest first, little padding);
+        `passes`: exactly that many scoring forwards (>= the rows' micro_count; agreed by every rank), the rows cut
+        evenly, a pass left without a row scoring the shortest one again (discarded)."""
         out = torch.zeros(batch["completion_ids"].shape[0], width or batch["completion_ids"].shape[1])
         order = torch.sort(row_lengths(batch), descending=True, stable=True).indices
-        for rows in order.split(self.shape.micro_batch_size):
+        chunks = order.split(self.shape.micro_batch_size) if passes is None else torch.tensor_split(order, passes)
+        for rows in chunks:
+            if rows.numel() == 0:  # NOTE: the forward is a collective under FSDP2; its result is not needed
+                scorer(select_rows(batch, order[-1:]))
+                continue
             part = select_rows(batch, rows)
             scored = scorer(part).float().cpu()
             out[rows, :scored.shape[1]] = scored * part["completion_mask"]

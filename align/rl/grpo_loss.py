@@ -66,6 +66,11 @@ class GrpoLossConfig:
     # torch ops. The default stays "torch": PPO's training forward (align.ppo.module) calls the torch rows, and its
     # pi_old scoring goes through this config's default; both must give the same bits.
     kernel: Literal["auto", "native", "torch"] = "torch"
+    # "skip": rows whose loss and gradient are exactly 0 (advantage 0 without a KL term, or no loss token) stay out
+    # of the training forward / backward, counted in the normaliser and the row statistics all the same
+    # (align.rl.zero_rows); "train": every row goes through the forward, as before. Here and not in [shape]: the
+    # rule is the loss's (PPO shares [shape] and trains every row).
+    zero_gradient_rows: Literal["skip", "train"] = "skip"
 
     def __post_init__(self):
         problems = []

@@ -23,6 +23,13 @@ empty step: no optimizer update, no schedule tick, no weight push; the history r
 rollout whose prompts are all solved or all hopeless is a fact about the data, not a fault) and logs `applied` 0 (no
 weight moved; the weight-stall probe does not count it). A non-finite window is never empty: it stays a fault.
 
+Rows left out of the forward (`skipped`, align.rl.zero_rows: exactly zero loss and gradient): their loss units
+join `loss_units`, so the normaliser is the same as if they had trained, and the statistics that need no forward
+(`seqs`, reward, correct, truncated, lengths, advantage sums, staleness) count them; the forward's per-token
+statistics (`entropy`, `ratio_mean`, `rho_*`) cover the forwarded rows only (`trained_*` denominators), and
+`rows_skipped` says how many were left out. The clip fractions stay over every loss token: a left-out row can
+never clip (clip-low needs A < 0, clip-high A > 0, both a loss token), so they are the same numbers as before.
+
 Health: `self.health` (align.rl.tripwires.GrpoHealth) keeps the tripwires' windows and latches; they are this
 module's extra state, so a resumed run remembers a collapsing reward."""
 
@@ -139,7 +146,20 @@ class GrpoTrainModule(TrainModule):
         return logp.detach() if logp is not None else None
 
     def loss_units(self, batch: dict) -> float:
-        return loss_units(batch["loss_mask"], self.loss_cfg.normalisation, self.constant_length)
+        units = loss_units(batch["loss_mask"], self.loss_cfg.normalisation, self.constant_length)
+        if "skipped" in batch:  # rows left out of the forward still count in the normaliser
+            units += loss_units(batch["skipped"]["loss_mask"], self.loss_cfg.normalisation, self.constant_length)
+        return units
+
+    def _row_sums(self, rows: dict) -> dict[str, torch.Tensor]:
+        """The statistics of rows that need no forward (every row of the window, forwarded or left out)."""
+        mask, comp = rows["loss_mask"], rows["completion_mask"]
+        return {"seqs": torch.as_tensor(float(mask.shape[0])), "loss_tokens": mask.sum(),
+                "completion_tokens": comp.sum(),
+                "input_tokens": (rows["completion_start"].float() + comp.sum(1)).sum(),
+                "reward_sum": rows["rewards"].sum(), "correct": rows["correct"].sum(),
+                "truncated": rows["truncated"].sum(), "adv_abs_sum": rows["advantages"].abs().sum(),
+                "staleness_sum": (self.step - rows["weight_version"]).float().sum()}
 
     @torch.no_grad()
     def _statistics(self, batch: dict, entropy: torch.Tensor, terms, total: torch.Tensor) -> dict:
@@ -150,19 +170,15 @@ class GrpoTrainModule(TrainModule):
         w = terms.weight
         rho, outlier = w.rho.expand_as(comp), w.outlier.expand_as(comp).float()
         capped = (rho > self.loss_cfg.rho_cap).float() if self.loss_cfg.rho_cap is not None else torch.zeros_like(rho)
-        lag = (self.step - batch["weight_version"]).float()
         t = lambda x: torch.as_tensor(float(x), dtype=torch.float32)  # noqa: E731
         sums = {
-            "seqs": t(mask.shape[0]), "units": t(self.loss_units(batch)), "loss_sum": total.detach().float(),
-            "loss_tokens": mask.sum(), "completion_tokens": comp.sum(),
-            "input_tokens": (batch["completion_start"].float() + comp.sum(1)).sum(),
-            "reward_sum": batch["rewards"].sum(), "correct": batch["correct"].sum(),
-            "truncated": batch["truncated"].sum(), "adv_abs_sum": batch["advantages"].abs().sum(),
+            **self._row_sums(batch), "units": t(self.loss_units(batch)), "loss_sum": total.detach().float(),
+            "trained_loss_tokens": mask.sum(), "trained_completion_tokens": comp.sum(),
             "entropy_sum": (entropy * comp).sum(), "ratio_sum": (ratio * mask).sum(),
             "clip_low": (low * mask).sum(), "clip_high": (high * mask).sum(),
             "rho_abs_log_sum": (rho.log().abs() * comp).sum(), "rho_capped": (capped * comp).sum(),
-            "rho_outliers": (outlier * comp).sum(), "staleness_sum": lag.sum(),
-            "kl_sum": (terms.kl * mask).sum() if terms.kl is not None else t(0.0),
+            "rho_outliers": (outlier * comp).sum(),
+            "kl_sum": (terms.kl * mask).sum() if terms.kl is not None else t(0.0), "rows_skipped": t(0.0),
         }
         for key, value in batch.get("stats", {}).items():
             sums[key] = t(value)
@@ -176,11 +192,13 @@ class GrpoTrainModule(TrainModule):
         out = {"loss": div("loss_sum", "units"), "reward_mean": div("reward_sum", "seqs"),
                "accuracy": div("correct", "seqs"), "truncated_frac": div("truncated", "seqs"),
                "adv_abs_mean": div("adv_abs_sum", "seqs"), "completion_len": div("completion_tokens", "seqs"),
-               "entropy": div("entropy_sum", "completion_tokens"), "ratio_mean": div("ratio_sum", "loss_tokens"),
+               "entropy": div("entropy_sum", "trained_completion_tokens"),
+               "ratio_mean": div("ratio_sum", "trained_loss_tokens"),
                "clip_low_frac": div("clip_low", "loss_tokens"), "clip_high_frac": div("clip_high", "loss_tokens"),
-               "rho_abs_log_mean": div("rho_abs_log_sum", "completion_tokens"),
-               "rho_capped_frac": div("rho_capped", "completion_tokens"),
-               "rho_outlier_frac": div("rho_outliers", "completion_tokens"),
+               "rho_abs_log_mean": div("rho_abs_log_sum", "trained_completion_tokens"),
+               "rho_capped_frac": div("rho_capped", "trained_completion_tokens"),
+               "rho_outlier_frac": div("rho_outliers", "trained_completion_tokens"),
+               "rows_skipped": sums.get("rows_skipped", 0.0),
                "kl": div("kl_sum", "loss_tokens"), "staleness": div("staleness_sum", "seqs"),
                "input_tokens": sums.get("input_tokens", 0.0), "sequences": sums.get("seqs", 0.0),
                "empty_step": float(self.empty_reason is not None)}
@@ -206,9 +224,19 @@ class GrpoTrainModule(TrainModule):
 
     # ------------------------------------------------------------------------------------------------ the step
     def train_batch(self, batch: dict, accum: AccumInfo) -> StepMetrics:
+        skipped = batch.get("skipped")
+        if skipped is not None:  # counted here, beside the forward: the wrapped unit never sees them
+            batch = {k: v for k, v in batch.items() if k != "skipped"}
         out = super().train_batch(batch, accum)
         self._window_units = accum.global_units  # already summed over the window and every rank
         self._window_signal += float((batch["advantages"].abs()[:, None] * batch["loss_mask"]).sum())
+        if skipped is not None:  # zero signal by construction: advantage 0 or no loss token
+            extra = {**self._row_sums(skipped), "rows_skipped": torch.as_tensor(float(skipped["loss_mask"].shape[0])),
+                     "units": torch.as_tensor(loss_units(skipped["loss_mask"], self.loss_cfg.normalisation,
+                                                         self.constant_length))}
+            for key, value in extra.items():
+                value = value.detach().float()
+                out.sums[key] = out.sums[key] + value.to(out.sums[key].device) if key in out.sums else value
         return out
 
     def _empty(self) -> str | None:

@@ -3,7 +3,9 @@ way the loss does not show.
 
     entropy          mean token entropy of the sampled completions below `entropy_min` (the policy collapsed to
                      near-deterministic output: exploration is gone) or above `entropy_max` (near-uniform
-                     gibberish), for `entropy_patience` consecutive steps
+                     gibberish), for `entropy_patience` consecutive steps; with `[loss] zero_gradient_rows =
+                     "skip"` the completions that went through the training forward (align.rl.zero_rows: under
+                     negative_scale 0 mostly the correct ones, which sample lower entropy than the wrong ones)
     ratio            the policy ratio's mean strays from 1 by more than `ratio_max_dev` (the update is far larger
                      than the clip allows for), or the train/infer mismatch mean |log rho| exceeds
                      `rho_max_abs_log` (sampler and trainer disagree about the policy), for `ratio_patience` steps

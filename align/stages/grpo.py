@@ -33,6 +33,7 @@ from align.rl.stage_config import GrpoStageConfig
 from align.rl.stage_inputs import open_rl_stage
 from align.rl.token_logprobs import completion_logprobs
 from align.rl.tripwires import GrpoHealth, HealthCallback
+from align.rl.zero_rows import row_rule
 from align.train.callbacks import ProgressLine, SpeedMonitor
 from align.train.identity import run_identity
 from align.train.moe_module import build_train_module, moe_callbacks
@@ -75,7 +76,8 @@ def main() -> int:
         cfg.dynamic_sampling, cfg.advantage, seed=cfg.run.seed, eos_id=tok.eos_id,
         policy_version=lambda: module.version,
         old_scorer=module.score if cfg.shape.old_logprobs == "recompute" else None,
-        ref_scorer=reference_scorer(start, cfg, cfg.loss.kernel) if needs_ref else None, world_size=world_size())
+        ref_scorer=reference_scorer(start, cfg, cfg.loss.kernel) if needs_ref else None, world_size=world_size(),
+        skip_rows=row_rule(cfg.loss, cfg.moe_aux.coefficients("grpo")))
     task = verifier_task(heldout, decode, tok.eos_id)
     rows = range(min(cfg.data.eval_rows or len(heldout), len(heldout)))
     before = evaluate(client, task, rows, cfg.data.eval_max_new_tokens)

@@ -72,11 +72,11 @@ def make_module(model, client, lr=3e-2, steps=10, loss=GrpoLossConfig(), tempera
 
 def make_source(module, client, prompts=None, shape=None, dynamic=DynamicSamplingConfig(enabled=False),
                 reward=RewardConfig(), curriculum=CurriculumConfig(), seed=0, verifier=parity_verifier,
-                world_size=1, rank=0):
+                world_size=1, rank=0, advantage=AdvantageConfig(), skip_rows=None):
     prompts = prompts or parity_prompts()
     shape = shape or RolloutShape(prompts=4, samples=4, max_new_tokens=6, num_minibatches=2, micro_batch_size=3)
     return GrpoBatchSource(prompts, client, decode, CompositeReward(reward, shape.max_new_tokens, verifier),
                            PromptCurriculum(prompts.groups, curriculum, seed, rank, world_size), shape, dynamic,
-                           AdvantageConfig(), seed=seed, eos_id=EOS, policy_version=lambda: module.version,
+                           advantage, seed=seed, eos_id=EOS, policy_version=lambda: module.version,
                            old_scorer=module.score if shape.old_logprobs == "recompute" else None,
-                           world_size=world_size)
+                           world_size=world_size, skip_rows=skip_rows)

@@ -31,3 +31,21 @@ def test_two_ranks_push_whole_weights_to_both_samplers(tmp_path, strategy):
     for name, w in r0["weights"].items():  # the trained weights, whole, in both samplers
         assert torch.equal(r0["engine"][name], w) and torch.equal(r1["engine"][name], w), name
     assert len(r0["rewards"]) == 3
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_a_rank_that_leaves_out_every_row_still_meets_the_collectives(tmp_path, strategy):
+    """Rank 1 trains no row (all advantages 0), rank 0 some: the same steps, norms and counts as training all."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), CUDA_VISIBLE_DEVICES="")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           str(Path(__file__).parent / "dist_zero_rows_worker.py"), strategy, str(tmp_path)]
+    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = torch.load(tmp_path / f"{strategy}_zero_rows.pt", weights_only=True)
+    train, skip = runs["train"], runs["skip"]
+    assert train["code"] == skip["code"] == 0 and len(train["rows"]) == len(skip["rows"]) == 2
+    for a, b in zip(train["rows"], skip["rows"]):
+        assert a["sequences"] == b["sequences"] == 8 and a["rows_skipped"] == 0 and b["rows_skipped"] >= 3
+        assert a["applied"] == b["applied"] and a["reward_mean"] == b["reward_mean"]
+        assert abs(a["grad_norm"] - b["grad_norm"]) <= 1e-5 * a["grad_norm"]
+        assert abs(a["loss"] - b["loss"]) <= 1e-5 * max(abs(a["loss"]), 1e-6)

@@ -30,6 +30,7 @@ torch.set_num_threads(1)
 from align.model.moe import SparseMoeBlock  # noqa: E402
 from align.model.moe_ep import apply_expert_parallel, expert_parallel_groups, moe_blocks  # noqa: E402
 from align.model.olmoe import OlmoeForCausalLM  # noqa: E402
+from align.utils.dist import exit_process  # noqa: E402
 from moe_helpers import tiny_olmoe  # noqa: E402
 
 D, I, E, K = 16, 8, 8, 2
@@ -177,7 +178,7 @@ def main() -> None:
     groups = expert_parallel_groups(ep)
     result = CASES[case](groups)
     (out / f"{case}_ep{ep}_{backend}_rank{groups.rank}.json").write_text(json.dumps(result))
-    dist.destroy_process_group()
+    exit_process(0)  # not a plain exit: gloo's threads can abort a finished rank at finalisation (docs/RELIABILITY.md)
 
 
 if __name__ == "__main__":

@@ -148,7 +148,7 @@ class GrpoTrainModule(TrainModule):
     def loss_units(self, batch: dict) -> float:
         units = loss_units(batch["loss_mask"], self.loss_cfg.normalisation, self.constant_length)
         if "skipped" in batch:  # rows left out of the forward still count in the normaliser
-            units += loss_units(batch["skipped"]["loss_mask"], self.loss_cfg.normalisation, self.constant_length)
+            units += self.loss_units(batch["skipped"])
         return units
 
     def _row_sums(self, rows: dict) -> dict[str, torch.Tensor]:
@@ -232,8 +232,7 @@ class GrpoTrainModule(TrainModule):
         self._window_signal += float((batch["advantages"].abs()[:, None] * batch["loss_mask"]).sum())
         if skipped is not None:  # zero signal by construction: advantage 0 or no loss token
             extra = {**self._row_sums(skipped), "rows_skipped": torch.as_tensor(float(skipped["loss_mask"].shape[0])),
-                     "units": torch.as_tensor(loss_units(skipped["loss_mask"], self.loss_cfg.normalisation,
-                                                         self.constant_length))}
+                     "units": torch.as_tensor(self.loss_units(skipped))}
             for key, value in extra.items():
                 value = value.detach().float()
                 out.sums[key] = out.sums[key] + value.to(out.sums[key].device) if key in out.sums else value

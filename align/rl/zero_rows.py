@@ -76,13 +76,11 @@ def cut_window(kept: torch.Tensor, left_out: torch.Tensor, count: int) -> tuple[
     micro-batch left without a kept row takes the shortest left-out row as ballast. Returns (micro-batches, the
     rows still left out). count <= the window's rows, so there are always enough left-out rows for the ballast."""
     pieces = list(torch.tensor_split(kept, count))
-    ballast = 0
-    for i, piece in enumerate(pieces):
-        if piece.numel() == 0:
-            ballast += 1
-            end = left_out.numel() - ballast + 1
-            pieces[i] = left_out[end - 1:end]
-    return pieces, left_out[:left_out.numel() - ballast]
+    empty = [i for i, piece in enumerate(pieces) if piece.numel() == 0]
+    n = left_out.numel()
+    for j, i in enumerate(empty):  # the shortest left-out row first (left_out is length-descending)
+        pieces[i] = left_out[n - 1 - j:n - j]
+    return pieces, left_out[:n - len(empty)]
 
 
 def skipped_rows(batch: dict, rows: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -12,7 +12,6 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 torch.set_num_threads(1)
 
-from align.eval.verifier import RewardResult  # noqa: E402
 from align.rl.advantages import AdvantageConfig  # noqa: E402
 from align.rl.grpo_loss import GrpoLossConfig  # noqa: E402
 from align.rl.stage_config import RolloutShape  # noqa: E402
@@ -21,11 +20,7 @@ from align.train.parallel import ParallelConfig  # noqa: E402
 from align.train.trainer import Trainer, TrainerConfig  # noqa: E402
 from align.utils.dist import exit_process, init_distributed, rank, world_size  # noqa: E402
 from align.utils.tracking import read_history  # noqa: E402
-from rl_fixtures import make_client, make_module, make_source, parity_verifier, tiny_model  # noqa: E402
-
-
-def never_right(text: str, gold: str) -> RewardResult:
-    return RewardResult(0.0, True, text, "wrong")
+from rl_fixtures import make_client, make_module, make_source, never_right, parity_verifier, tiny_model  # noqa: E402
 
 
 def main(strategy: str, out: Path) -> None:

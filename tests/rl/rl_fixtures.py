@@ -42,6 +42,11 @@ def decode(ids: list[int]) -> str:
     return " ".join(str(i) for i in ids)
 
 
+def never_right(text: str, gold: str) -> RewardResult:
+    """Every sample wrong: every group has zero reward variance, every advantage is 0."""
+    return RewardResult(0.0, True, text, "wrong")
+
+
 def parity_verifier(text: str, gold: str) -> RewardResult:
     """1 when the first generated token id is even (gold "even"); gold "odd" rewards odd; "unusable": None."""
     if gold == "unusable":

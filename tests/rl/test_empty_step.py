@@ -5,20 +5,15 @@ import math
 
 import torch
 
-from align.eval.verifier import RewardResult
 from align.rl.grpo_loss import GrpoLossConfig
 from align.rl.stage_config import DynamicSamplingConfig, RolloutShape
 from align.train.train_module import AccumInfo, StepOutcome
 from align.train.trainer import Trainer, TrainerConfig
 from align.utils.tracking import read_history
-from rl_fixtures import make_client, make_module, make_source, tiny_model
+from rl_fixtures import make_client, make_module, make_source, never_right, tiny_model
 
 SHAPE = RolloutShape(prompts=4, samples=4, max_new_tokens=6, num_minibatches=1, micro_batch_size=8,
                      truncated="keep")
-
-
-def never_right(text: str, gold: str) -> RewardResult:
-    return RewardResult(0.0, True, text, "wrong")  # every group all wrong: zero reward variance everywhere
 
 
 def train_window(module, window, edit=None) -> StepOutcome:

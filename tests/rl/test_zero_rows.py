@@ -4,13 +4,12 @@ step; a PPO row is never left out."""
 
 import torch
 
-from align.eval.verifier import RewardResult
 from align.rl.advantages import AdvantageConfig
 from align.rl.grpo_loss import GrpoLossConfig
 from align.rl.stage_config import RolloutShape
 from align.rl.zero_rows import row_rule, zero_gradient_rows
 from align.train.train_module import AccumInfo, StepOutcome
-from rl_fixtures import make_client, make_module, make_source, tiny_model
+from rl_fixtures import make_client, make_module, make_source, never_right, tiny_model
 
 SHAPE = RolloutShape(prompts=4, samples=4, max_new_tokens=6, num_minibatches=2, micro_batch_size=3,
                      truncated="keep")
@@ -68,8 +67,7 @@ def test_gradient_units_and_counts_equal_the_step_that_trains_every_row():
 
 
 def test_a_window_of_zero_rows_is_the_same_empty_step():
-    never = lambda text, gold: RewardResult(0.0, True, text, "wrong")  # noqa: E731  every advantage 0
-    (full, it_full), (trim, it_trim) = pair(verifier=never)
+    (full, it_full), (trim, it_trim) = pair(verifier=never_right)  # every advantage 0
     wf, wt = next(it_full), next(it_trim)
     assert len(wt) == 1 and wt[0]["completion_ids"].shape[0] == 1  # one ballast row: the Trainer's window
     uf, sf, _, of = run_window(full, wf)

@@ -13,7 +13,8 @@ Per rollout (this rank's share: P / world_size prompts x G samples):
        (`rollout/reward_sum` / `rollout/samples` count every valid group generated, kept or dropped: the policy's
        reward on fresh prompts, unbiased by the filter, which the receipt's reward curve reads)
     4. the reference's log-probs when the loss or the reward has a KL term; advantages per group
-       (align.rl.advantages); `num_minibatches` windows (align.rl.assembly)
+       (align.rl.advantages); with `[step_credit]`, per-token step advantages on equation results
+       (align.rl.step_credit); `num_minibatches` windows (align.rl.assembly)
     5. `old_logprobs = "recompute"`: the training model's log-probs at the rollout's weights (the exact pi_old of
        the ratio, and rho's numerator): the first window's come from its own training forward (flag
        `old_from_forward`); every row that trains later (later minibatches, later epochs) is scored once, now
@@ -43,6 +44,7 @@ from align.rl.curriculum import PromptCurriculum
 from align.rl.prompts import PromptSet  # also imported from here by the stages and tests
 from align.rl.rewards import CompositeReward
 from align.rl.stage_config import DynamicSamplingConfig, RolloutShape
+from align.rl.step_credit import StepCreditConfig, step_advantages
 from align.rl.types import Group, ScoredSample
 from align.rl.zero_rows import RowRule, cut_window, micro_count, skipped_rows, split_window
 from align.rollout.protocol import RolloutClient, RolloutRequest
@@ -72,12 +74,14 @@ class GrpoBatchSource:
                  reward: CompositeReward, curriculum: PromptCurriculum, shape: RolloutShape,
                  dynamic: DynamicSamplingConfig, advantage: AdvantageConfig, *, seed: int, eos_id: int,
                  policy_version: Callable[[], int], old_scorer: Scorer | None = None,
-                 ref_scorer: Scorer | None = None, world_size: int = 1, skip_rows: RowRule | None = None):
+                 ref_scorer: Scorer | None = None, world_size: int = 1, skip_rows: RowRule | None = None,
+                 step_credit: StepCreditConfig = StepCreditConfig()):
         self.prompts, self.client, self.decode, self.reward = prompts, client, decode, reward
         self.curriculum, self.shape, self.dynamic, self.advantage = curriculum, shape, dynamic, advantage
         self.seed, self.policy_version = seed, policy_version
         self.old_scorer, self.ref_scorer = old_scorer, ref_scorer
         self.skip_rows = skip_rows  # None: every row trains (PPO, and `zero_gradient_rows = "train"`)
+        self.step_credit = step_credit
         self.local_prompts = shape.check_world(world_size)
         self.params = SamplingParams(temperature=shape.temperature, max_new_tokens=shape.max_new_tokens,
                                      stop_token_ids=(eos_id,))
@@ -116,6 +120,9 @@ class GrpoBatchSource:
         rewards = torch.tensor([g.totals for g in groups], dtype=torch.float64)
         batch["rewards"] = rewards.reshape(-1).float()
         batch["advantages"] = group_advantages(rewards, self.advantage).reshape(-1).float()
+        if self.step_credit.enabled:
+            batch["step_advantages"] = step_advantages([[s.completion_ids for s in g.samples] for g in groups],
+                                                       self.decode, self.step_credit, batch["completion_ids"].shape[1])
         shape = self.shape
         plan = plan_windows(row_lengths(batch), shape.num_minibatches, shape.micro_batch_size,
                             window_seed(self.seed, self.rollouts), shape.epochs)

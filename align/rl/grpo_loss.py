@@ -114,9 +114,10 @@ def policy_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor,
 def clipped_surrogate(ratio: torch.Tensor, advantages: torch.Tensor, clip_low: float, clip_high: float,
                       dual_clip: float | None = None) -> torch.Tensor:
     """-min(r A, clip(r, 1 - clip_low, 1 + clip_high) A), elementwise; A (B,) broadcasts over the ratio's columns,
-    A of the ratio's own shape (PPO's per-token advantages) is taken as is.
+    A (B, C) or (B, 1) is taken as is (PPO's per-token advantages, GRPO's step credit).
     With `dual_clip`, r in the first arm is min(r, dual_clip) (bounds the pull of a token with A < 0)."""
-    adv = (advantages if advantages.shape == ratio.shape else advantages.reshape(-1, 1)).to(ratio.dtype)
+    as_is = advantages.shape == ratio.shape or advantages.dim() == 2
+    adv = (advantages if as_is else advantages.reshape(-1, 1)).to(ratio.dtype)
     clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
     if dual_clip is not None:
         ratio = torch.clamp(ratio, max=dual_clip)
@@ -214,6 +215,7 @@ def policy_terms(logp: torch.Tensor, old_logp: torch.Tensor, rollout_logp: torch
 @torch.no_grad()
 def clip_fractions(ratio: torch.Tensor, advantages: torch.Tensor, cfg: GrpoLossConfig) -> tuple[torch.Tensor, ...]:
     """Where the clip binds: (low, high) bool masks, the ratio's shape. Low: r < 1 - eps_low with A < 0; high:
-    r > 1 + eps_high with A > 0 (the only places the min picks the clipped arm and the gradient is cut)."""
-    adv = advantages.reshape(-1, 1)
+    r > 1 + eps_high with A > 0 (the only places the min picks the clipped arm and the gradient is cut). A: (N,) or
+    (N, 1) per row, or (N, C) per token."""
+    adv = advantages if advantages.dim() == 2 else advantages.reshape(-1, 1)
     return (ratio < 1.0 - cfg.clip_low) & (adv < 0), (ratio > 1.0 + cfg.clip_high) & (adv > 0)

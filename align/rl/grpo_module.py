@@ -58,6 +58,12 @@ def _full(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
+def token_advantages(batch: dict) -> torch.Tensor:
+    """The advantage each loss token sees, (N, 1) (the row's) or (N, C) with step credit (align.rl.step_credit)."""
+    adv = batch["advantages"][:, None]
+    return adv + batch["step_advantages"] if "step_advantages" in batch else adv
+
+
 def rollout_metrics(sums: dict[str, float]) -> dict[str, float]:
     """The batch source's `rollout/*` columns: `rollout/reward_mean`, the sampled policy's reward over every valid
     generated group (NaN on a step that sampled nothing); timings (`*_s`) per rank; counts as summed."""
@@ -100,8 +106,8 @@ class GrpoTrainModule(TrainModule):
         logp, entropy = completion_logprobs(model, batch, self.temperature, cfg.chunk_size, self.head_dtype,
                                             self.native)
         mask = batch["loss_mask"]
-        terms = policy_terms(logp, self._old_logprobs(batch, logp), batch["rollout_logprobs"], batch["advantages"],
-                             mask, cfg, batch.get("ref_logprobs"))
+        terms = policy_terms(logp, self._old_logprobs(batch, logp), batch["rollout_logprobs"],
+                             token_advantages(batch), mask, cfg, batch.get("ref_logprobs"))
         total = loss_sum(terms.per_token, mask, cfg.normalisation)
         return LossOutput(total, self._statistics(batch, entropy, terms, total))
 
@@ -113,7 +119,7 @@ class GrpoTrainModule(TrainModule):
         mask = batch["loss_mask"]
         per_row = mask / mask.sum(-1, keepdim=True).clamp(min=1.0) if cfg.normalisation == "sequence" else mask
         flat = {k: batch[k][real] for k in ("old_logprobs", "rollout_logprobs", "ref_logprobs") if k in batch}
-        scale, adv = per_row[real], batch["advantages"][:, None].expand_as(real)[real]
+        scale, adv = per_row[real], token_advantages(batch).expand_as(mask)[real]
         from_forward = bool(batch.get("old_from_forward"))
         if from_forward:
             self._old_logprobs(batch, None)  # the version check only
@@ -131,7 +137,7 @@ class GrpoTrainModule(TrainModule):
         logp, entropy = unflatten(logp, real), unflatten(entropy, real)
         with torch.no_grad():  # the (N, C) terms again, for the logged statistics only
             terms = policy_terms(logp, logp if from_forward else batch["old_logprobs"], batch["rollout_logprobs"],
-                                 batch["advantages"], mask, cfg, batch.get("ref_logprobs"))
+                                 token_advantages(batch), mask, cfg, batch.get("ref_logprobs"))
         return LossOutput(total, self._statistics(batch, entropy, terms, total))
 
     def _old_logprobs(self, batch: dict, logp: torch.Tensor) -> torch.Tensor:
@@ -165,7 +171,7 @@ class GrpoTrainModule(TrainModule):
     def _statistics(self, batch: dict, entropy: torch.Tensor, terms, total: torch.Tensor) -> dict:
         mask, comp = batch["loss_mask"], batch["completion_mask"]
         ratio = terms.ratio.expand_as(mask)
-        low, high = (x.expand_as(mask).float() for x in clip_fractions(terms.ratio, batch["advantages"],
+        low, high = (x.expand_as(mask).float() for x in clip_fractions(terms.ratio, token_advantages(batch),
                                                                           self.loss_cfg))
         w = terms.weight
         rho, outlier = w.rho.expand_as(comp), w.outlier.expand_as(comp).float()
@@ -229,7 +235,7 @@ class GrpoTrainModule(TrainModule):
             batch = {k: v for k, v in batch.items() if k != "skipped"}
         out = super().train_batch(batch, accum)
         self._window_units = accum.global_units  # already summed over the window and every rank
-        self._window_signal += float((batch["advantages"].abs()[:, None] * batch["loss_mask"]).sum())
+        self._window_signal += float((token_advantages(batch).abs() * batch["loss_mask"]).sum())
         if skipped is not None:  # zero signal by construction: advantage 0 or no loss token
             extra = {**self._row_sums(skipped), "rows_skipped": torch.as_tensor(float(skipped["loss_mask"].shape[0])),
                      "units": torch.as_tensor(self.loss_units(skipped))}

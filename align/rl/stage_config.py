@@ -12,6 +12,7 @@ from align.rl.advantages import AdvantageConfig
 from align.rl.curriculum import CurriculumConfig
 from align.rl.grpo_loss import GrpoLossConfig
 from align.rl.rewards import RewardConfig
+from align.rl.step_credit import StepCreditConfig
 from align.eval.inloop_config import InLoopEvalConfig
 from align.rl.canary import CanaryConfig
 from align.rl.tripwires import HealthConfig
@@ -117,6 +118,7 @@ class GrpoStageConfig(CommonConfig):
     curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
+    step_credit: StepCreditConfig = field(default_factory=StepCreditConfig)  # [step_credit]: off unless weight > 0
     loss: GrpoLossConfig = field(default_factory=GrpoLossConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     health: HealthConfig = field(default_factory=HealthConfig)

@@ -18,7 +18,8 @@ NUMBER = r"(\d+(?:\.\d+)?)"
 EQUATION = re.compile(NUMBER + r"\s*([-+*x×/÷])\s*" + NUMBER + r"\s*=\s*" + NUMBER)
 
 
-def _apply(a: Fraction, op: str, b: Fraction) -> Fraction | None:
+def evaluate(a: Fraction, op: str, b: Fraction) -> Fraction | None:
+    """a op b (None: a division by zero); shared with align.rl.step_credit."""
     if op == "+":
         return a + b
     if op == "-":
@@ -36,6 +37,6 @@ def false_steps(text: str) -> int:
     """How many of the readable equations in `text` are false."""
     wrong = 0
     for a, op, b, c in equations(text):
-        value = _apply(Fraction(a), op, Fraction(b))
+        value = evaluate(Fraction(a), op, Fraction(b))
         wrong += value is None or value != Fraction(c)
     return wrong

@@ -12,6 +12,8 @@ A GRPO micro-batch is a dict of CPU tensors (docs/CONTRACTS.md "Data" style), N 
     old_from_forward  bool (optional) the batch trains on the weights that sampled it: pi_old is its own forward
     ref_logprobs      (N, C) float32 reference model log-probs (only when the loss has a KL term)
     advantages        (N,)   float32
+    step_advantages   (N, C) float32 (optional) step credit on equation results (align.rl.step_credit), added to
+                                     the row's advantage on those tokens
     rewards, correct, truncated (N,) float32   the reward, 1/0 outcome, 1/0 cut at max_new_tokens
     weight_version    (N,)   int64   the sampler's weight version that generated each row
     prompt_row        (N,)   int64   the prompt's row in its shard set
@@ -25,8 +27,9 @@ from dataclasses import dataclass
 from align.rl.rewards import SampleReward
 
 TOKEN_KEYS = ("completion_ids", "completion_mask", "loss_mask", "rollout_logprobs", "old_logprobs", "ref_logprobs",
-              "old_values", "returns", "token_advantages")  # the last three: PPO's per-token critic terms
-# (align.ppo.batch_source: the critic's values at the rollout, GAE's returns and advantages, (N, C) float32)
+              "old_values", "returns", "token_advantages", "step_advantages")  # old_values .. token_advantages:
+# PPO's per-token critic terms (align.ppo.batch_source: the critic's values at the rollout, GAE's returns and
+# advantages, (N, C) float32); step_advantages: GRPO's step credit (align.rl.step_credit), added to `advantages`
 ROW_KEYS = ("completion_start", "advantages", "rewards", "correct", "truncated", "weight_version", "prompt_row")
 
 

@@ -35,7 +35,8 @@ def zero_gradient_rows(batch: dict, loss: GrpoLossConfig, moe_aux: tuple[float, 
     Why exact: a row's per-token loss (align.rl.grpo_loss.policy_terms) is
         l_t = -min(r_t A, clip(r_t) A) * w_t + kl_beta * k3_t,   summed with the weight m_t (loss_mask)
     (GSPO's sequence ratio and the dual clip only change r). With A = 0 both arms of the min are 0 for any finite r,
-    so the surrogate and its derivative vanish, and with kl_beta = 0 nothing else is left; with m_t = 0 on every
+    so the surrogate and its derivative vanish (with step credit, A is the row's plus its per-token step advantage:
+    0 on every loss token), and with kl_beta = 0 nothing else is left; with m_t = 0 on every
     token (a truncated completion under `truncated = "mask"`) the row's sum is 0 whatever l is, KL included. The
     only other terms of a GRPO step act on every forwarded token without an advantage: the MoE router's load-balance
     and z losses (`moe_aux`, the stage's (load_balance, z_loss) coefficients); with either > 0 no row is dropped.
@@ -47,7 +48,10 @@ def zero_gradient_rows(batch: dict, loss: GrpoLossConfig, moe_aux: tuple[float, 
         return torch.zeros(n, dtype=torch.bool)
     dropped = batch["loss_mask"].sum(1) == 0
     if loss.kl_beta == 0:
-        dropped |= batch["advantages"] == 0
+        silent = batch["advantages"] == 0
+        if "step_advantages" in batch:  # step credit (align.rl.step_credit): A is per token, 0 on none of them
+            silent &= ((batch["step_advantages"] != 0) & (batch["loss_mask"] != 0)).sum(1) == 0
+        dropped |= silent
     return dropped
 
 

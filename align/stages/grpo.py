@@ -77,7 +77,7 @@ def main() -> int:
         policy_version=lambda: module.version,
         old_scorer=module.score if cfg.shape.old_logprobs == "recompute" else None,
         ref_scorer=reference_scorer(start, cfg, cfg.loss.kernel) if needs_ref else None, world_size=world_size(),
-        skip_rows=row_rule(cfg.loss, cfg.moe_aux.coefficients("grpo")))
+        skip_rows=row_rule(cfg.loss, cfg.moe_aux.coefficients("grpo")), step_credit=cfg.step_credit)
     task = verifier_task(heldout, decode, tok.eos_id)
     rows = range(min(cfg.data.eval_rows or len(heldout), len(heldout)))
     before = evaluate(client, task, rows, cfg.data.eval_max_new_tokens)

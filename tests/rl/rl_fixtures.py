@@ -7,6 +7,10 @@ align.eval.verifier.score, not a stand-in for the model: every sample, log-prob 
 from __future__ import annotations
 
 import copy
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import torch
 
@@ -20,6 +24,7 @@ from align.rl.grpo_loss import GrpoLossConfig
 from align.rl.grpo_module import GrpoTrainModule
 from align.rl.rewards import CompositeReward, RewardConfig
 from align.rl.stage_config import DynamicSamplingConfig, RolloutShape
+from align.rl.step_credit import StepCreditConfig
 from align.rollout import RolloutConfig, make_rollout_client
 from align.train.optim import OptimizerConfig
 from align.train.parallel import ParallelConfig
@@ -28,6 +33,16 @@ from align.train.train_module import TrainModuleConfig
 
 EOS = 2
 VOCAB = 64
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def launch_two_ranks(worker: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`worker` under torch.distributed.run with two gloo ranks on CPU, one thread each (CUDA hidden: two ranks on
+    one GPU would ask for cuda:1; CUDA runs are the gpu tier)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), CUDA_VISIBLE_DEVICES="")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(worker),
+           *args]
+    return subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
 
 
 def tiny_model(seed: int = 0) -> MistralForCausalLM:
@@ -77,11 +92,12 @@ def make_module(model, client, lr=3e-2, steps=10, loss=GrpoLossConfig(), tempera
 
 def make_source(module, client, prompts=None, shape=None, dynamic=DynamicSamplingConfig(enabled=False),
                 reward=RewardConfig(), curriculum=CurriculumConfig(), seed=0, verifier=parity_verifier,
-                world_size=1, rank=0, advantage=AdvantageConfig(), skip_rows=None):
+                world_size=1, rank=0, advantage=AdvantageConfig(), skip_rows=None, decode=decode,
+                step_credit=StepCreditConfig()):
     prompts = prompts or parity_prompts()
     shape = shape or RolloutShape(prompts=4, samples=4, max_new_tokens=6, num_minibatches=2, micro_batch_size=3)
     return GrpoBatchSource(prompts, client, decode, CompositeReward(reward, shape.max_new_tokens, verifier),
                            PromptCurriculum(prompts.groups, curriculum, seed, rank, world_size), shape, dynamic,
                            advantage, seed=seed, eos_id=EOS, policy_version=lambda: module.version,
                            old_scorer=module.score if shape.old_logprobs == "recompute" else None,
-                           world_size=world_size, skip_rows=skip_rows)
+                           world_size=world_size, skip_rows=skip_rows, step_credit=step_credit)

@@ -43,6 +43,7 @@ import torch.distributed as dist
 from torch import nn
 
 from align.model.moe import Experts, SparseMoeBlock
+from align.utils.dist import all_reduce_tensors_
 
 _HEADER = 2  # count-message columns before the per-expert counts: call serial, row width
 
@@ -249,9 +250,7 @@ def finalize_expert_grads(model: nn.Module, groups: ExpertParallel) -> None:
     if not grads:
         return
     if groups.replicas > 1:
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat, group=groups.replicate_group)
-        torch._foreach_copy_(grads, [t.view_as(g) for t, g in zip(flat.split([g.numel() for g in grads]), grads)])
+        all_reduce_tensors_(grads, group=groups.replicate_group)
     torch._foreach_div_(grads, float(groups.world))
 
 

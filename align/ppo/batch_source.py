@@ -8,7 +8,7 @@ Per rollout, after the samples are drawn and scored by CompositeReward:
     2. per-token rewards (align.ppo.rewards): the score at the last token, minus beta * (logp - ref) on every
        token when kl_in = "reward"
     3. GAE over the completion tokens (align.ppo.gae): token_advantages, returns; advantages whitened over the
-       rollout's loss tokens when [gae] whiten_advantages
+       rollout's loss tokens, every rank's together, when [gae] whiten_advantages
     (with a reward model, its score of every row, times [reward] model_weight, joins the score first; with a
     process reward model, its per-step rewards at each step's last token join the per-token rewards,
     align.ppo.process_rewards)
@@ -42,6 +42,7 @@ from align.rl.curriculum import PromptCurriculum
 from align.rl.rewards import CompositeReward
 from align.rl.stage_config import DynamicSamplingConfig, RolloutShape
 from align.rollout.protocol import RolloutClient
+from align.utils.dist import all_reduce_sum
 
 
 
@@ -60,7 +61,7 @@ class PpoBatchSource(GrpoBatchSource):
         super().__init__(prompts, client, decode, reward, curriculum, shape, dynamic, AdvantageConfig(), seed=seed,
                          eos_id=eos_id, policy_version=policy_version, old_scorer=old_scorer, ref_scorer=ref_scorer,
                          world_size=world_size)
-        self.ppo, self.gae_cfg, self.value_scorer = ppo, gae_cfg, value_scorer
+        self.ppo, self.gae_cfg, self.value_scorer, self.world_size = ppo, gae_cfg, value_scorer, world_size
         self.reward_model, self.reward_model_weight = reward_model, reward_model_weight
         self.process_reward = process_reward  # (N, C) per-token rewards of a PRM (align.ppo.process_rewards)
 
@@ -97,8 +98,11 @@ class PpoBatchSource(GrpoBatchSource):
             rewards = rewards + process
         adv, returns = gae(rewards.double(), batch["old_values"].double(), comp, self.gae_cfg.gamma,
                            self.gae_cfg.lam)
-        if self.gae_cfg.whiten_advantages and loss_mask.sum() >= 2:
-            adv = whiten(adv, loss_mask)
+        if self.gae_cfg.whiten_advantages:  # over every rank's loss tokens: one scale for the whole step
+            reduce = all_reduce_sum if self.world_size > 1 else None
+            n = float(loss_mask.sum()) if reduce is None else float(reduce([float(loss_mask.sum())])[0])
+            if n >= 2:
+                adv = whiten(adv, loss_mask, reduce=reduce)
         adv = scale_negatives(adv, self.gae_cfg.negative_scale)
         batch["token_advantages"], batch["returns"] = adv.float(), returns.float()
         critic_only = self.rollouts < self.ppo.critic_warmup_rollouts

@@ -10,12 +10,13 @@ Positions outside the mask get A = R = 0.
 
 Whitening of x over the masked positions (TRL's `masked_whiten`: unbiased variance):
     mu = sum m x / sum m,   var = sum m (x - mu)^2 / (sum m - 1),   w = (x - mu) / sqrt(var + eps)  (+ mu unless
-    `shift_mean`); masked positions outside stay 0.
+    `shift_mean`); masked positions outside stay 0. With several ranks, mu and var are over every rank's positions.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -73,10 +74,21 @@ def masked_var(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return centred.square().sum() / (n - 1)
 
 
-def whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8) -> torch.Tensor:
-    """(x - mu) / sqrt(var + eps) over the mask (mu added back unless shift_mean); 0 outside the mask."""
-    mu = masked_mean(x, mask)
-    out = (x - mu) * torch.rsqrt(masked_var(x, mask) + eps)
+def whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8,
+           reduce: Callable[[list[float]], torch.Tensor] | None = None) -> torch.Tensor:
+    """(x - mu) / sqrt(var + eps) over the mask (mu added back unless shift_mean); 0 outside the mask.
+    `reduce` (align.utils.dist.all_reduce_sum): mu and var over the masked positions of every rank's x (two
+    float64 all-reduces: the sums, then the squared deviations from the global mean)."""
+    if reduce is None:
+        mu, var = masked_mean(x, mask), masked_var(x, mask)
+    else:
+        m = mask.to(x.dtype)
+        total, n = reduce([float((x * m).sum()), float(m.sum())]).tolist()
+        if n < 2:
+            raise ValueError(f"whiten: needs at least 2 masked positions over all ranks, got {int(n)}")
+        mu = torch.as_tensor(total / n, dtype=x.dtype)
+        var = torch.as_tensor(float(reduce([float(((x - mu) * m).square().sum())])[0]) / (n - 1), dtype=x.dtype)
+    out = (x - mu) * torch.rsqrt(var + eps)
     if not shift_mean:
         out = out + mu
     return out * mask.to(x.dtype)

@@ -38,8 +38,16 @@ GRPO. `explained_variance` = 1 - Var(R - V_old) / Var(R) over the step's loss to
 critic predicted before it was fitted to this rollout.
 
 State: the critic's weights and its optimizer's state are this module's extra state (resume.pt), beside GRPO's
-health state; the policy's weights and optimizer are the Trainer's as for every module. One process only: the
-critic is not wrapped for DDP / FSDP2 (refused at construction)."""
+health state; the policy's weights and optimizer are the Trainer's as for every module.
+
+Several ranks: the policy is wrapped as every TrainModule's (DDP or FSDP2, [parallel]); the critic is replicated
+outside the wrapper: rank 0's weights are broadcast at construction, each rank's backward fills its own critic
+gradients, and `optim_step` replaces them by their mean over ranks (one all-reduce of them packed) before the
+norm, the clip and the step, so every rank's critic takes the same step (as DDP would). A critic-only micro-batch
+runs on the bare model (the policy's wrapper would wait for gradients no forward produced). The ratio tripwire's
+sums are all-reduced before its verdict; the extra value-only passes reduce their gradients and losses the same
+way. NOTE: the critic is a full copy on every rank (not sharded): a 7B critic needs its weights, gradients and
+Adam state on each GPU."""
 
 from __future__ import annotations
 
@@ -63,7 +71,7 @@ from align.train.rm_module import RmHeadConfig, split_head_group
 from align.train.schedulers import lr_multiplier
 from align.train.train_module import AccumInfo, LossOutput, StepMetrics, StepOutcome, TrainModule, \
     TrainModuleConfig, to_device
-from align.utils.dist import device, world_size
+from align.utils.dist import all_reduce_sum, all_reduce_tensors_, broadcast_tensors_, device, world_size
 
 POLICY_SUMS = ("policy_tokens", "policy_loss_sum", "clip_sum", "ratio_sum", "ratio_abs_log_sum", "entropy_sum",
                "entropy_tokens", "adv_abs_sum", "kl_sum", "rho_abs_log_sum")
@@ -74,9 +82,6 @@ class PpoTrainModule(GrpoTrainModule):
                  critic_optimizer: OptimizerConfig, loss_cfg: PpoLossConfig, ppo: PpoConfig, temperature: float,
                  total_steps: int, seed: int = 0, client=None, health: GrpoHealth | None = None,
                  critic_head: RmHeadConfig = RmHeadConfig()):
-        if world_size() > 1:
-            raise ValueError(f"PpoTrainModule: world size {world_size()}: PPO runs on one process (the critic is "
-                             f"not wrapped for DDP / FSDP2 yet)")
         # GRPO's view of the loss config: only its scoring path is used (pi_old through the same head kernel)
         scoring = GrpoLossConfig(clip_low=loss_cfg.clip, clip_high=loss_cfg.clip, rho_cap=None, fused=False,
                                  chunk_size=loss_cfg.chunk_size, head_dtype=loss_cfg.head_dtype)
@@ -84,6 +89,7 @@ class PpoTrainModule(GrpoTrainModule):
                          client=client, health=health)
         self.ppo_loss, self.ppo, self.critic = loss_cfg, ppo, critic
         self.critic_cfg = critic_optimizer
+        broadcast_tensors_(list(critic.state_dict().values()))  # one critic on every rank: rank 0's
         self.critic_optimizer, self.critic_banner = make_optimizer(critic, critic_optimizer, seed=seed)
         if critic_head.lr_scale != 1.0:  # the fresh value head learns faster than the trained trunk (as the RM's)
             split_head_group(self.critic_optimizer, critic.score, critic_head.lr_scale)
@@ -196,7 +202,7 @@ class PpoTrainModule(GrpoTrainModule):
     def train_batch(self, batch: dict, accum: AccumInfo) -> StepMetrics:
         self._critic_only = bool(batch.get("critic_only"))
         self.critic.train()
-        out = TrainModule.train_batch(self, batch, accum)
+        out = TrainModule.train_batch(self, batch, accum, bare=self._critic_only)  # warmup: no policy part
         self._window_units = accum.global_units
         self._ratio_abs_log += float(out.sums["ratio_abs_log_sum"])
         self._ratio_tokens += float(out.sums["policy_tokens"])
@@ -204,9 +210,22 @@ class PpoTrainModule(GrpoTrainModule):
             self._window_batches.append(batch)
         return out
 
+    def _mean_critic_grads(self, params: list[nn.Parameter]) -> None:
+        """The replicated critic's gradients -> their mean over ranks (DDP's rule; the policy's wrapper does it for
+        the policy). A rank whose critic saw no row packs zeros, so every rank reduces the same layout."""
+        if world_size() == 1:
+            return
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        grads = [p.grad for p in params]
+        all_reduce_tensors_(grads)
+        torch._foreach_div_(grads, float(world_size()))
+
     def optim_step(self) -> StepOutcome:
         self.empty_reason = "no_loss_tokens" if self._window_units == 0 else None
         critic_params = [p for p in self.critic.parameters() if p.requires_grad]
+        self._mean_critic_grads(critic_params)
         critic_norm = global_grad_norm(critic_params, local_nonfinite=bool(self._window_bad))
         mult = lr_multiplier(self.cfg.scheduler, self.step, self.total_steps)
         self.last = {"grad_norm": math.nan, "lr": self.cfg.optimizer.lr * mult, "clip_coef": 1.0,
@@ -214,7 +233,8 @@ class PpoTrainModule(GrpoTrainModule):
                      "critic_extra_skipped": 0.0, "critic_extra_loss_first": math.nan,
                      "critic_extra_loss_last": math.nan}
         limit = self.ppo.ratio_skip_abs_log
-        mean_abs_log = self._ratio_abs_log / self._ratio_tokens if self._ratio_tokens else 0.0
+        abs_log, tokens = all_reduce_sum([self._ratio_abs_log, self._ratio_tokens]).tolist()  # one verdict
+        mean_abs_log = abs_log / tokens if tokens else 0.0
         self.ratio_skipped = limit is not None and mean_abs_log > limit
         if self.empty_reason is not None:
             return StepOutcome.EMPTY
@@ -236,7 +256,7 @@ class PpoTrainModule(GrpoTrainModule):
 
     def _refit_critic(self, params: list[nn.Parameter]) -> None:
         """`[ppo] critic_extra_epochs` value-only passes over the step's micro-batches, one critic step each."""
-        scale = 1.0 / self._window_units  # the Trainer's normalisation of the joint step (one process)
+        scale = world_size() / self._window_units  # the Trainer's normalisation of the joint step
         losses, applied, skipped = [], 0, 0
         for _ in range(self.ppo.critic_extra_epochs):
             self.critic_optimizer.zero_grad(set_to_none=True)
@@ -248,7 +268,8 @@ class PpoTrainModule(GrpoTrainModule):
                 loss = (v_tok * batch["loss_mask"]).sum()
                 (self.ppo_loss.value_coef * scale * loss).backward()
                 total += float(loss.detach())
-            losses.append(total * scale)
+            losses.append(float(all_reduce_sum([total])[0]) / self._window_units)
+            self._mean_critic_grads(params)
             norm = global_grad_norm(params)
             if not math.isfinite(norm):  # this pass is not stepped; the step itself stays applied
                 skipped += 1

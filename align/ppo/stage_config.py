@@ -99,6 +99,3 @@ class PpoStageConfig(CommonConfig):
         if self.reward.kl_coef > 0:
             raise ValueError("PpoStageConfig: [reward] kl_coef must be 0 in PPO: the KL to the reference is "
                              "[ppo] kl_beta (per token, in the reward or in the loss)")
-        if self.run.world_size > 1:
-            raise ValueError(f"PpoStageConfig: [run] world_size = {self.run.world_size}: PPO runs on one process "
-                             f"(the critic is not wrapped for DDP / FSDP2 yet)")

@@ -119,13 +119,15 @@ class TrainModule:
             raise ValueError(f"{type(self).__name__} has no extra state but the checkpoint carries {sorted(state)}")
 
     # ------------------------------------------------------------------------------------------- the step
-    def train_batch(self, batch: dict, accum: AccumInfo) -> StepMetrics:
-        """Forward + backward of one micro-batch; gradients accumulate until `optim_step`."""
+    def train_batch(self, batch: dict, accum: AccumInfo, bare: bool = False) -> StepMetrics:
+        """Forward + backward of one micro-batch; gradients accumulate until `optim_step`. `bare`: the loss on the
+        unwrapped model, outside DDP / FSDP2 (a micro-batch whose loss does not involve the wrapped model's
+        parameters, e.g. PPO's critic-only warmup: the wrapper would wait for gradients that never come)."""
         self.net.train()
         batch = to_device(batch, device())
         scale = accum.world_size / accum.global_units if accum.global_units > 0 else 0.0
         with grad_sync(self.net, accum.is_last or self.cfg.parallel.sync_every_micro_batch):
-            out = self.net(batch)
+            out = self.loss(self.model, batch) if bare else self.net(batch)
             (out.loss * scale).backward()
         nonfinite = ~torch.isfinite(out.loss.detach())
         self._window_bad |= nonfinite

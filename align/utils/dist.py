@@ -170,6 +170,26 @@ def _all_reduce(values, op) -> torch.Tensor:
     return work.cpu()
 
 
+def all_reduce_tensors_(tensors: Sequence[torch.Tensor], group=None) -> None:
+    """In-place element-wise SUM of `tensors` over the ranks of `group` (default: all), packed into one buffer so
+    the collective is one call whatever their number. Every rank must pass the same shapes in the same order."""
+    if not tensors or not is_distributed():
+        return
+    flat = torch.cat([t.reshape(-1) for t in tensors])
+    dist.all_reduce(flat, group=group)
+    torch._foreach_copy_(list(tensors), [f.view_as(t) for f, t in zip(flat.split([t.numel() for t in tensors]),
+                                                                       tensors)])
+
+
+def broadcast_tensors_(tensors: Sequence[torch.Tensor], src: int = 0) -> None:
+    """Rank `src`'s values of `tensors` on every rank, in place (a replicated module kept outside DDP / FSDP2)."""
+    if not is_distributed():
+        return
+    with torch.no_grad():
+        for t in tensors:
+            dist.broadcast(t, src=src)
+
+
 def all_gather_object(obj: Any) -> list[Any]:
     """Every rank's `obj`, in rank order (a one-element list without a process group)."""
     if not is_distributed():

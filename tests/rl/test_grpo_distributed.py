@@ -4,25 +4,20 @@ the shards, a collective), and the versions agree with the steps. Worker: dist_g
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from rl_fixtures import launch_two_ranks
+
 pytestmark = pytest.mark.distributed
-ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).parent / "dist_grpo_worker.py"
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_two_ranks_push_whole_weights_to_both_samplers(tmp_path, strategy):
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), CUDA_VISIBLE_DEVICES="")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(WORKER),
-           strategy, str(tmp_path)]
-    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    proc = launch_two_ranks(WORKER, strategy, str(tmp_path))
     assert proc.returncode == 0, proc.stderr[-3000:]
     r0, r1 = (torch.load(tmp_path / f"{strategy}_rank{r}.pt", weights_only=True) for r in range(2))
     assert r0["code"] == r1["code"] == 0
@@ -36,10 +31,7 @@ def test_two_ranks_push_whole_weights_to_both_samplers(tmp_path, strategy):
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_a_rank_that_leaves_out_every_row_still_meets_the_collectives(tmp_path, strategy):
     """Rank 1 trains no row (all advantages 0), rank 0 some: the same steps, norms and counts as training all."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), CUDA_VISIBLE_DEVICES="")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           str(Path(__file__).parent / "dist_zero_rows_worker.py"), strategy, str(tmp_path)]
-    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    proc = launch_two_ranks(Path(__file__).parent / "dist_zero_rows_worker.py", strategy, str(tmp_path))
     assert proc.returncode == 0, proc.stderr[-3000:]
     runs = torch.load(tmp_path / f"{strategy}_zero_rows.pt", weights_only=True)
     train, skip = runs["train"], runs["skip"]

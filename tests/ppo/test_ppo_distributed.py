@@ -1,0 +1,54 @@
+"""PPO on two gloo ranks (CPU), the policy under DDP or FSDP2 and the critic replicated beside it, trains the same
+policy and critic as one process on the same prompts: the two ranks sample disjoint halves of each rollout, the
+advantages are whitened over both, the critic's gradients are averaged, so every step's numbers and the final
+weights agree with the single-process run to float-summation noise; stopped mid-rollout and resumed on two ranks,
+it ends bit for bit where the uninterrupted two-rank run does (critic and its Adam state included). Worker:
+dist_ppo_worker.py."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from dist_ppo_worker import run  # noqa: E402 (also puts tests/rl on the path, through ppo_fixtures)
+from rl_fixtures import launch_two_ranks  # noqa: E402
+
+pytestmark = pytest.mark.distributed
+WORKER = Path(__file__).parent / "dist_ppo_worker.py"
+
+
+def single_process(out: Path) -> dict:
+    run("single", out, "single_ranks1")
+    return torch.load(out / "single_ranks1.pt", weights_only=True)
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_two_ranks_train_the_policy_and_critic_of_one_process(tmp_path, strategy):
+    proc = launch_two_ranks(WORKER, strategy, str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    two = torch.load(tmp_path / f"{strategy}_ranks2.pt", weights_only=True)
+    one = single_process(tmp_path)
+    assert one["code"] == two["code"] == 0
+    assert [r["critic_only"] for r in two["history"]] == [1.0, 1.0, 0.0, 0.0]
+    for a, b in zip(one["history"], two["history"]):  # every step: same rows, same losses, norms, tripwire inputs
+        assert a["sequences"] == b["sequences"] == 16 and a["applied"] == b["applied"] == 1
+        for key in ("loss", "value_loss", "reward_mean", "explained_variance", "critic_grad_norm",
+                    "ratio_abs_log_mean", "critic_extra_loss_first", "adv_abs_mean"):
+            assert (a[key] is None) == (b[key] is None), (key, a["step"])  # NaN (None) where undefined
+            if a[key] is not None:
+                assert abs(a[key] - b[key]) <= 1e-4 * max(1.0, abs(a[key])), (key, a["step"], a[key], b[key])
+    for name in ("policy", "critic"):
+        for key, w in one[name].items():
+            err = float((two[name][key] - w).abs().max())
+            assert err <= 1e-4, (name, key, err)
+    resumed = torch.load(tmp_path / f"{strategy}_ranks2_resumed.pt", weights_only=True)  # stopped at 3, resumed
+    assert two["resumed_from"] == "" and resumed["resumed_from"].endswith("step_3")
+    assert [r["step"] for r in resumed["history"]] == [1, 2, 3, 4]
+    for name in ("policy", "critic", "critic_exp_avg"):
+        assert resumed[name].keys() == two[name].keys()
+        for key, w in two[name].items():
+            assert torch.equal(resumed[name][key], w), (name, key)

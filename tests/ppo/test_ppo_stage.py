@@ -174,3 +174,34 @@ def test_stage_with_lora_trains_adapters_and_publishes_the_merged_policy(tmp_pat
     assert moved and all(k.endswith(("q_proj.weight", "v_proj.weight")) for k in moved), sorted(moved)[:4]
     critic = load_file(str(run_dir / "critic" / "model.safetensors"))
     assert any(not torch.equal(critic[k], start[k]) for k in critic if k in start and "embed" not in k)
+
+
+def test_stage_on_two_ranks_trains_what_one_process_does(tmp_path, monkeypatch):
+    """torchrun with 2 gloo ranks: the stage samples half the prompts per rank, whitens, averages the critic and
+    publishes once; one window per epoch (so both runs train the same rows in every step) gives one process's
+    numbers and weights to float-summation noise."""
+    import pytest
+    import torch
+    from safetensors.torch import load_file
+
+    runs, config = setup(tmp_path)
+    same_rows = ["shape.num_minibatches=1", "shape.epochs=2"]
+    one, two = runs / "one", runs / "two"
+    assert run_worker(monkeypatch, runs, config, one, *same_rows) == 0
+    env = {**os.environ, "ALIGN_RUNS_DIR": str(runs), "ALIGN_RUN_DIR": str(two), "PYTHONPATH": str(ROOT),
+           "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m",
+           "align.stages.ppo", "--config", str(config), *same_rows]
+    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    h1, h2 = read_history(one / "history.jsonl"), read_history(two / "history.jsonl")
+    assert [r["critic_only"] for r in h2] == [1, 1, 0, 0] and [r["sequences"] for r in h2] == [8] * STEPS
+    for a, b in zip(h1, h2):
+        for key in ("loss", "value_loss", "critic_grad_norm", "critic_extra_loss_last", "reward_mean"):
+            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), (key, a["step"])
+    for name in ("final", "critic"):
+        w1, w2 = load_file(str(one / name / "model.safetensors")), load_file(str(two / name / "model.safetensors"))
+        assert w1.keys() == w2.keys()
+        assert max(float((w1[k] - w2[k]).abs().max()) for k in w1) <= 1e-4, name
+    m1, m2 = (json.loads((d / "metrics.json").read_text()) for d in (one, two))
+    assert m1["heldout_rows"] == m2["heldout_rows"] == 4 and m1["start_accuracy"] == m2["start_accuracy"]

@@ -7,14 +7,24 @@ all-wrong ones, so it measures the filter as much as the policy.
 `reward_first` / `reward_last`: the mean over the first and the last `fraction` of the logged points (single rows are
 noisy); `reward_slope`: the least-squares slope against the step (reward per step); `reward_rising` is
 reward_last > reward_first; `reward_key` names the column, `reward_points` counts its logged points, `steps` the
-history's rows."""
+history's rows.
+
+`ReceiptEvals` runs the greedy evaluations the receipt compares before and after training: the held-out split, and
+with `[data] train_eval_rows` = N the first N of the RL prompts the stage trains on, so the receipt shows how much
+of the gain stays on the prompts the policy saw (`trained_*`) against what reaches new ones (docs/MEASUREMENTS.md,
+ladder, session 12: +14 points on the tiny profile's own prompts, +2 held-out)."""
 
 from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass
+from typing import Callable
 
-from align.rl.canary import paired_gain
+from align.data.store import ShardSet
+from align.eval.inloop import verifier_task
+from align.rl.canary import EvalTask, evaluate, paired_gain
+from align.rl.stage_config import GrpoDataConfig
 from align.utils.tracking import read_history
 
 
@@ -35,13 +45,51 @@ def reward_curve(history: str | os.PathLike, fraction: float = 0.25, key: str = 
             "steps": len(history), "reward_points": len(rows), "reward_key": key}
 
 
-def heldout_receipt(rows: int, before: dict, after: dict, start_checkpoint: str,
+@dataclass(frozen=True)
+class ReceiptEvals:
+    """Greedy evaluations of the current weights (through `client`): {"heldout": ..., ["trained": ...]}, each
+    align.rl.canary.evaluate's dict. Collective: every rank calls it at the same point."""
+
+    client: object
+    heldout: EvalTask
+    heldout_rows: range
+    trained: EvalTask | None
+    trained_rows: range
+    max_new_tokens: int
+
+    def __call__(self) -> dict[str, dict]:
+        out = {"heldout": evaluate(self.client, self.heldout, self.heldout_rows, self.max_new_tokens)}
+        if self.trained is not None:
+            out["trained"] = evaluate(self.client, self.trained, self.trained_rows, self.max_new_tokens)
+        return out
+
+
+def receipt_evals(data: GrpoDataConfig, client, heldout: ShardSet, prompts: ShardSet,
+                  decode: Callable[[list[int]], str], eos_id: int) -> ReceiptEvals:
+    n_train = min(data.train_eval_rows, len(prompts))
+    return ReceiptEvals(client, verifier_task(heldout, decode, eos_id), range(min(data.eval_rows or len(heldout),
+                                                                                 len(heldout))),
+                        verifier_task(prompts, decode, eos_id) if n_train else None, range(n_train),
+                        data.eval_max_new_tokens)
+
+
+def heldout_receipt(before: dict[str, dict], after: dict[str, dict], start_checkpoint: str,
                     history: str | os.PathLike) -> dict:
-    """An RL stage's metrics.json (the receipt's metrics): held-out greedy accuracy of the start and of the result
-    (align.rl.canary.evaluate's dicts), per level, the paired gain with its interval, stop rates, the start
-    checkpoint's hash and the reward curve above. The GRPO and PPO stages' receipt."""
-    return {"heldout_rows": rows, "start_accuracy": before["pass@1"], "accuracy": after["pass@1"],
-            "accuracy_gain": after["pass@1"] - before["pass@1"],
-            "start_accuracy_by_level": before["pass@1_by_group"], "accuracy_by_level": after["pass@1_by_group"],
-            **paired_gain(before, after), "start_stop_rate": before["stop_rate"], "stop_rate": after["stop_rate"],
-            "start_checkpoint": start_checkpoint, **reward_curve(history)}
+    """An RL stage's metrics.json (the receipt's metrics), from ReceiptEvals before and after training: held-out
+    greedy accuracy of the start and of the result, per level, the paired gain with its interval, stop rates, the
+    start checkpoint's hash, the reward curve above, and with trained-prompt evaluations the same accuracy and gain
+    on them (`trained_*`). The GRPO and PPO stages' receipt."""
+    b, a = before["heldout"], after["heldout"]
+    out = {"heldout_rows": int(b["n"]), "start_accuracy": b["pass@1"], "accuracy": a["pass@1"],
+           "accuracy_gain": a["pass@1"] - b["pass@1"],
+           "start_accuracy_by_level": b["pass@1_by_group"], "accuracy_by_level": a["pass@1_by_group"],
+           **paired_gain(b, a), "start_stop_rate": b["stop_rate"], "stop_rate": a["stop_rate"],
+           "start_checkpoint": start_checkpoint, **reward_curve(history)}
+    if "trained" in before:
+        tb, ta = before["trained"], after["trained"]
+        gain = paired_gain(tb, ta)
+        out.update({"trained_rows": int(tb["n"]), "trained_start_accuracy": tb["pass@1"], "trained_accuracy": ta["pass@1"],
+                    "trained_accuracy_gain": ta["pass@1"] - tb["pass@1"],
+                    "trained_accuracy_gain_se": gain["accuracy_gain_se"],
+                    "trained_accuracy_by_level": ta["pass@1_by_group"]})
+    return out

@@ -103,6 +103,9 @@ class GrpoDataConfig:
     eval: str = "shards/eval/out"  # held-out prompts: greedy accuracy of the start and of the result
     eval_rows: int = 0  # evaluate the first N rows (0: all)
     eval_max_new_tokens: int = 64  # greedy decode limit of the held-out evaluation (as golden_eval's)
+    # Also greedy-evaluate the first N RL prompts (the ones the stage trains on) before and after: the receipt's
+    # `trained_*` keys, beside the held-out gain (the gap is what the policy fitted to its prompts); 0: off
+    train_eval_rows: int = 0
     model_dtype: Literal["float32", "bfloat16"] = "float32"  # the trained weights (bf16: with adamw8bit, 7B-class)
     engine_dtype: Literal["float32", "bfloat16"] = "float32"  # the sampler's copy of the weights
     threads: int = 0  # torch CPU threads; 0: every core

@@ -17,17 +17,17 @@ from pathlib import Path
 import torch
 
 from align.config import load_cli_config
-from align.eval.inloop import build_inloop_eval, verifier_task
+from align.eval.inloop import build_inloop_eval
 from align.exit_codes import exit_stage
 from align.kernels.fused_ce import use_native
 from align.model.checkpoint import DTYPES, checkpoint_content_hash, load_checkpoint, tokenizer_dir_for
 from align.ppo.lora_checkpoint import lora_weight_format
 from align.ppo.lora_stage import maybe_lora, publish_final
 from align.rl.batch_source import GrpoBatchSource, PromptSet
-from align.rl.canary import Canary, evaluate
+from align.rl.canary import Canary
 from align.rl.curriculum import PromptCurriculum
 from align.rl.grpo_module import GrpoTrainModule
-from align.rl.report import heldout_receipt
+from align.rl.report import heldout_receipt, receipt_evals
 from align.rl.rewards import CompositeReward
 from align.rl.stage_config import GrpoStageConfig
 from align.rl.stage_inputs import open_rl_stage
@@ -78,12 +78,11 @@ def main() -> int:
         old_scorer=module.score if cfg.shape.old_logprobs == "recompute" else None,
         ref_scorer=reference_scorer(start, cfg, cfg.loss.kernel) if needs_ref else None, world_size=world_size(),
         skip_rows=row_rule(cfg.loss, cfg.moe_aux.coefficients("grpo")), step_credit=cfg.step_credit)
-    task = verifier_task(heldout, decode, tok.eos_id)
-    rows = range(min(cfg.data.eval_rows or len(heldout), len(heldout)))
-    before = evaluate(client, task, rows, cfg.data.eval_max_new_tokens)
+    evals = receipt_evals(cfg.data, client, heldout, prompts, decode, tok.eos_id)
+    before = evals()
     n_params = sum(p.numel() for p in module.model.parameters())
     callbacks = [SpeedMonitor(n_params), HealthCallback(module.health),
-                 Canary(cfg.canary, client, task, cfg.shape.max_new_tokens, cfg.run.seed),
+                 Canary(cfg.canary, client, evals.heldout, cfg.shape.max_new_tokens, cfg.run.seed),
                  ProgressLine(cfg.train.max_steps, label="grpo")]
     inloop = build_inloop_eval(cfg.inloop_eval, runs, tok, module, cfg.train.max_steps, client=client)
     callbacks += [inloop] if inloop is not None else []
@@ -94,11 +93,11 @@ def main() -> int:
     code = trainer.fit()
     if code != 0:
         return code
-    after = evaluate(client, task, rows, cfg.data.eval_max_new_tokens)
+    after = evals()
     if is_rank0():
-        metrics = heldout_receipt(len(rows), before, after, checkpoint_content_hash(start), run_dir / "history.jsonl")
+        metrics = heldout_receipt(before, after, checkpoint_content_hash(start), run_dir / "history.jsonl")
         atomic_write_json(run_dir / "metrics.json", metrics)
-        print(f"grpo: held-out greedy accuracy {before['pass@1']:.3f} -> {after['pass@1']:.3f}; reward "
+        print(f"grpo: held-out greedy accuracy {before['heldout']['pass@1']:.3f} -> {after['heldout']['pass@1']:.3f}; reward "
               f"{metrics['reward_first']:.3f} -> {metrics['reward_last']:.3f}")
     publish_final(trainer, cfg.lora, run_dir / "final", tokenizer_dir=tokenizer_dir_for(start),
                   inputs=inputs)  # collective

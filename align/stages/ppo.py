@@ -18,7 +18,7 @@ critic trains in full."""
 from __future__ import annotations
 
 from align.config import load_cli_config
-from align.eval.inloop import build_inloop_eval, verifier_task
+from align.eval.inloop import build_inloop_eval
 from align.exit_codes import exit_stage
 from align.model.checkpoint import DTYPES, checkpoint_content_hash, load_checkpoint, save_checkpoint, \
     tokenizer_dir_for
@@ -31,9 +31,9 @@ from align.ppo.process_rewards import newline_token_ids, process_reward_scorer
 from align.ppo.rewards import reward_model_scorer
 from align.ppo.stage_config import PpoStageConfig
 from align.rl.batch_source import PromptSet
-from align.rl.canary import Canary, evaluate
+from align.rl.canary import Canary
 from align.rl.curriculum import PromptCurriculum
-from align.rl.report import heldout_receipt
+from align.rl.report import heldout_receipt, receipt_evals
 from align.rl.rewards import CompositeReward
 from align.rl.stage_inputs import open_rl_stage
 from align.rl.tripwires import GrpoHealth, HealthCallback
@@ -82,12 +82,11 @@ def main() -> int:
         old_scorer=module.score if cfg.shape.old_logprobs == "recompute" else None, value_scorer=module.values,
         ref_scorer=reference_scorer(start, cfg) if cfg.ppo.kl_beta > 0 else None, world_size=world_size(),
         reward_model=reward_model, reward_model_weight=cfg.reward.model_weight, process_reward=process_reward)
-    task = verifier_task(heldout, decode, tok.eos_id)
-    rows = range(min(cfg.data.eval_rows or len(heldout), len(heldout)))
-    before = evaluate(client, task, rows, cfg.data.eval_max_new_tokens)
+    evals = receipt_evals(cfg.data, client, heldout, prompts, decode, tok.eos_id)
+    before = evals()
     n_params = sum(p.numel() for p in module.model.parameters()) + sum(p.numel() for p in module.critic.parameters())
     callbacks = [SpeedMonitor(n_params), HealthCallback(module.health),
-                 Canary(cfg.canary, client, task, cfg.shape.max_new_tokens, cfg.run.seed),
+                 Canary(cfg.canary, client, evals.heldout, cfg.shape.max_new_tokens, cfg.run.seed),
                  ProgressLine(cfg.train.max_steps, label="ppo")]
     inloop = build_inloop_eval(cfg.inloop_eval, runs, tok, module, cfg.train.max_steps, client=client)
     callbacks += [inloop] if inloop is not None else []
@@ -96,11 +95,11 @@ def main() -> int:
     code = trainer.fit()
     if code != 0:
         return code
-    after = evaluate(client, task, rows, cfg.data.eval_max_new_tokens)
+    after = evals()
     if is_rank0():
-        metrics = heldout_receipt(len(rows), before, after, checkpoint_content_hash(start), run_dir / "history.jsonl")
+        metrics = heldout_receipt(before, after, checkpoint_content_hash(start), run_dir / "history.jsonl")
         atomic_write_json(run_dir / "metrics.json", metrics)
-        print(f"ppo: held-out greedy accuracy {before['pass@1']:.3f} -> {after['pass@1']:.3f}; reward "
+        print(f"ppo: held-out greedy accuracy {before['heldout']['pass@1']:.3f} -> {after['heldout']['pass@1']:.3f}; reward "
               f"{metrics['reward_first']:.3f} -> {metrics['reward_last']:.3f}")
         save_checkpoint(module.critic, run_dir / "critic")
     publish_final(trainer, cfg.lora, run_dir / "final", tokenizer_dir=tokenizer_dir_for(start),

@@ -29,6 +29,7 @@ def test_stage_publishes_and_resumes_bit_exactly(tmp_path, monkeypatch):
     assert {"start_accuracy", "accuracy", "accuracy_gain", "reward_first", "reward_last", "reward_slope",
             "start_checkpoint"} <= set(metrics)
     assert metrics["heldout_rows"] == 4 and metrics["steps"] == 3
+    assert not any(k.startswith("trained_") for k in metrics)  # [data] train_eval_rows = 0: no trained-prompt eval
     rows = read_history(whole / "history.jsonl")
     assert [r["step"] for r in rows] == [1, 2, 3]
     for key in ("loss", "reward_mean", "entropy", "ratio_mean", "rho_abs_log_mean", "rollout/gen_s",
@@ -45,3 +46,14 @@ def test_stage_publishes_and_resumes_bit_exactly(tmp_path, monkeypatch):
     assert run_worker(monkeypatch, runs, config, split) == 0
     assert not (split / "checkpoints.superseded").exists()  # it did resume
     assert checkpoint_content_hash(split / "final") == checkpoint_content_hash(whole / "final")
+
+
+def test_receipt_reports_the_trained_prompts_beside_the_heldout_split(tmp_path, monkeypatch):
+    runs, config = runs_tree(tmp_path, steps=3)
+    run_dir = runs / "trained"
+    assert run_worker(monkeypatch, runs, config, run_dir, "data.train_eval_rows=6", "train.max_steps=2") == 0
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["trained_rows"] == 6 and metrics["heldout_rows"] == 4
+    assert 0.0 <= metrics["trained_start_accuracy"] <= 1.0 and 0.0 <= metrics["trained_accuracy"] <= 1.0
+    assert metrics["trained_accuracy_gain"] == metrics["trained_accuracy"] - metrics["trained_start_accuracy"]
+    assert metrics["trained_accuracy_gain_se"] >= 0.0 and isinstance(metrics["trained_accuracy_by_level"], dict)

@@ -25,6 +25,8 @@ from align.data.store import ShardSet
 from align.eval.inloop import verifier_task
 from align.rl.canary import EvalTask, evaluate, paired_gain
 from align.rl.stage_config import GrpoDataConfig
+from align.utils.dist import is_rank0
+from align.utils.fsio import atomic_write_json
 from align.utils.tracking import read_history
 
 
@@ -93,3 +95,19 @@ def heldout_receipt(before: dict[str, dict], after: dict[str, dict], start_check
                     "trained_accuracy_gain_se": gain["accuracy_gain_se"],
                     "trained_accuracy_by_level": ta["pass@1_by_group"]})
     return out
+
+
+def fit_with_receipt(trainer, evals: ReceiptEvals, before: dict[str, dict], start_checkpoint: str, run_dir,
+                     label: str) -> int:
+    """Train, evaluate again, and on rank 0 write `<run_dir>/metrics.json` (heldout_receipt) and a summary line:
+    the RL stages' shared tail before they publish. Returns the Trainer's exit code (0: finished)."""
+    code = trainer.fit()
+    if code != 0:
+        return code
+    after = evals()  # collective
+    if is_rank0():
+        metrics = heldout_receipt(before, after, start_checkpoint, run_dir / "history.jsonl")
+        atomic_write_json(run_dir / "metrics.json", metrics)
+        print(f"{label}: held-out greedy accuracy {metrics['start_accuracy']:.3f} -> {metrics['accuracy']:.3f}; "
+              f"reward {metrics['reward_first']:.3f} -> {metrics['reward_last']:.3f}")
+    return 0

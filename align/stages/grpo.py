@@ -27,7 +27,7 @@ from align.rl.batch_source import GrpoBatchSource, PromptSet
 from align.rl.canary import Canary
 from align.rl.curriculum import PromptCurriculum
 from align.rl.grpo_module import GrpoTrainModule
-from align.rl.report import heldout_receipt, receipt_evals
+from align.rl.report import fit_with_receipt, receipt_evals
 from align.rl.rewards import CompositeReward
 from align.rl.stage_config import GrpoStageConfig
 from align.rl.stage_inputs import open_rl_stage
@@ -39,8 +39,7 @@ from align.train.identity import run_identity
 from align.train.moe_module import build_train_module, moe_callbacks
 from align.train.train_module import TrainModuleConfig
 from align.train.trainer import Trainer
-from align.utils.dist import device, is_rank0, rank, world_size
-from align.utils.fsio import atomic_write_json
+from align.utils.dist import device, rank, world_size
 
 def reference_scorer(start: Path, cfg: GrpoStageConfig, kernel: str = "torch"):
     """Log-probs under the frozen start weights (only built when a KL term needs them); `kernel`: the policy's
@@ -90,15 +89,9 @@ def main() -> int:
     inputs = {"start": checkpoint_content_hash(start), "prompts": prompts.digest}
     trainer = Trainer(cfg.train, module, source, run_dir, callbacks, identity=run_identity(cfg, inputs),
                       weight_format=lora_weight_format(cfg.lora, module.model, start, run_dir))  # None: no [lora]
-    code = trainer.fit()
+    code = fit_with_receipt(trainer, evals, before, checkpoint_content_hash(start), run_dir, "grpo")
     if code != 0:
         return code
-    after = evals()
-    if is_rank0():
-        metrics = heldout_receipt(before, after, checkpoint_content_hash(start), run_dir / "history.jsonl")
-        atomic_write_json(run_dir / "metrics.json", metrics)
-        print(f"grpo: held-out greedy accuracy {before['heldout']['pass@1']:.3f} -> {after['heldout']['pass@1']:.3f}; reward "
-              f"{metrics['reward_first']:.3f} -> {metrics['reward_last']:.3f}")
     publish_final(trainer, cfg.lora, run_dir / "final", tokenizer_dir=tokenizer_dir_for(start),
                   inputs=inputs)  # collective
     return 0

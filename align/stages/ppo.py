@@ -33,7 +33,7 @@ from align.ppo.stage_config import PpoStageConfig
 from align.rl.batch_source import PromptSet
 from align.rl.canary import Canary
 from align.rl.curriculum import PromptCurriculum
-from align.rl.report import heldout_receipt, receipt_evals
+from align.rl.report import fit_with_receipt, receipt_evals
 from align.rl.rewards import CompositeReward
 from align.rl.stage_inputs import open_rl_stage
 from align.rl.tripwires import GrpoHealth, HealthCallback
@@ -44,7 +44,6 @@ from align.train.rm_module import critic_from_policy
 from align.train.train_module import TrainModuleConfig
 from align.train.trainer import Trainer
 from align.utils.dist import device, is_rank0, rank, world_size
-from align.utils.fsio import atomic_write_json
 
 
 def main() -> int:
@@ -92,15 +91,10 @@ def main() -> int:
     callbacks += [inloop] if inloop is not None else []
     trainer = Trainer(cfg.train, module, source, run_dir, callbacks, identity=run_identity(cfg, inputs),
                       weight_format=lora_weight_format(cfg.lora, module.model, start, run_dir))  # None: no [lora]
-    code = trainer.fit()
+    code = fit_with_receipt(trainer, evals, before, checkpoint_content_hash(start), run_dir, "ppo")
     if code != 0:
         return code
-    after = evals()
     if is_rank0():
-        metrics = heldout_receipt(before, after, checkpoint_content_hash(start), run_dir / "history.jsonl")
-        atomic_write_json(run_dir / "metrics.json", metrics)
-        print(f"ppo: held-out greedy accuracy {before['heldout']['pass@1']:.3f} -> {after['heldout']['pass@1']:.3f}; reward "
-              f"{metrics['reward_first']:.3f} -> {metrics['reward_last']:.3f}")
         save_checkpoint(module.critic, run_dir / "critic")
     publish_final(trainer, cfg.lora, run_dir / "final", tokenizer_dir=tokenizer_dir_for(start),
                   inputs=inputs)  # collective; with [lora] the merged policy (+ final/adapter/)

@@ -90,8 +90,8 @@ def heldout_receipt(before: dict[str, dict], after: dict[str, dict], start_check
     if "trained" in before:
         tb, ta = before["trained"], after["trained"]
         gain = paired_gain(tb, ta)
-        out.update({"trained_rows": int(tb["n"]), "trained_start_accuracy": tb["pass@1"], "trained_accuracy": ta["pass@1"],
-                    "trained_accuracy_gain": ta["pass@1"] - tb["pass@1"],
+        out.update({"trained_rows": int(tb["n"]), "trained_start_accuracy": tb["pass@1"],
+                    "trained_accuracy": ta["pass@1"], "trained_accuracy_gain": ta["pass@1"] - tb["pass@1"],
                     "trained_accuracy_gain_se": gain["accuracy_gain_se"],
                     "trained_accuracy_by_level": ta["pass@1_by_group"]})
     return out

@@ -40,8 +40,9 @@ def run(strategy: str, out: Path, name: str, stop_at: int = STEPS) -> None:
     if rank() == 0:
         critic = {k: v.detach().clone() for k, v in module.critic.state_dict().items()}
         adam = {k: v["exp_avg"].clone() for k, v in module.critic_optimizer.state_dict()["state"].items()}
-        torch.save({"code": code, "resumed_from": str(trainer.resumed_from or ""), "policy": policy, "critic": critic, "critic_exp_avg": adam,
-                    "history": read_history(out / name / "history.jsonl")}, out / f"{name}.pt")
+        torch.save({"code": code, "resumed_from": str(trainer.resumed_from or ""), "policy": policy,
+                    "critic": critic, "critic_exp_avg": adam, "history": read_history(out / name / "history.jsonl")},
+                   out / f"{name}.pt")
 
 
 if __name__ == "__main__":

@@ -71,7 +71,7 @@ def test_keys_match_the_arithmetic_in_the_text(committed):
 def test_sizes_levels_and_footprint(committed):
     assert committed["math_sft"].num_rows == 6000
     assert committed["math_pairs"].num_rows == 1500
-    assert committed["math_rl"].num_rows == 1000
+    assert committed["math_rl"].num_rows == 6000
     assert committed["math_rm_pairs"].num_rows == 6000
     # the reward model's prompts repeat no DPO pair's question, so DPO's held-out pairs are new to it as well
     assert not set(committed["math_pairs"].column("prompt").to_pylist()) & set(

@@ -46,8 +46,9 @@ gradients, and `optim_step` replaces them by their mean over ranks (one all-redu
 norm, the clip and the step, so every rank's critic takes the same step (as DDP would). A critic-only micro-batch
 runs on the bare model (the policy's wrapper would wait for gradients no forward produced). The ratio tripwire's
 sums are all-reduced before its verdict; the extra value-only passes reduce their gradients and losses the same
-way. NOTE: the critic is a full copy on every rank (not sharded): a 7B critic needs its weights, gradients and
-Adam state on each GPU."""
+way. A checkpoint holds the critic and its Adam state once (rank 0's; the other ranks' resume state points at it).
+NOTE: the critic is a full copy on every rank (not sharded): a 7B critic needs its weights, gradients and Adam
+state on each GPU."""
 
 from __future__ import annotations
 
@@ -69,9 +70,9 @@ from align.train.grad_norm import clip_grads_, global_grad_norm
 from align.train.optim import OptimizerConfig, make_optimizer
 from align.train.rm_module import RmHeadConfig, split_head_group
 from align.train.schedulers import lr_multiplier
-from align.train.train_module import AccumInfo, LossOutput, StepMetrics, StepOutcome, TrainModule, \
+from align.train.train_module import REPLICATED, AccumInfo, LossOutput, StepMetrics, StepOutcome, TrainModule, \
     TrainModuleConfig, to_device
-from align.utils.dist import all_reduce_sum, all_reduce_tensors_, broadcast_tensors_, device, world_size
+from align.utils.dist import all_reduce_sum, all_reduce_tensors_, broadcast_tensors_, device, rank, world_size
 
 POLICY_SUMS = ("policy_tokens", "policy_loss_sum", "clip_sum", "ratio_sum", "ratio_abs_log_sum", "entropy_sum",
                "entropy_tokens", "adv_abs_sum", "kl_sum", "rho_abs_log_sum")
@@ -289,6 +290,10 @@ class PpoTrainModule(GrpoTrainModule):
 
     # ------------------------------------------------------------------------------------------------ state
     def extra_state(self) -> dict:
+        """GRPO's health state, and the critic with its optimizer: rank 0's only (every rank holds the same replica;
+        the others point at it, align.train.train_module.REPLICATED), so a checkpoint keeps one copy."""
+        if rank() > 0:
+            return {**super().extra_state(), REPLICATED: ["critic", "critic_optimizer"]}
         return {**super().extra_state(),
                 "critic": {k: v.detach().cpu().clone() for k, v in self.critic.state_dict().items()},
                 "critic_optimizer": self.critic_optimizer.state_dict()}

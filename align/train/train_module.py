@@ -13,6 +13,10 @@ What a subclass supplies (the loss seam):
     extra_state() / load_extra_state()   module-private state that must survive resume (a tripwire baseline, an
                                          adaptive KL coefficient); plain tensors / numbers / lists / dicts only,
                                          since resume.pt is read with torch.load(weights_only=True)
+                                         A part every rank holds alike (PPO's replicated critic) may be saved by
+                                         rank 0 alone: another rank's extra state then names it under REPLICATED
+                                         ({REPLICATED: [keys]}) and `resolve_replicated` fills it from rank 0's at
+                                         resume, so the checkpoint holds one copy, not one per rank
 
 Loss normalisation: each micro-batch's summed loss is scaled by world_size / global_units before backward. DDP and
 FSDP2 average gradients over ranks, so the window's gradient is exactly the gradient of (sum of every loss unit on
@@ -63,6 +67,16 @@ class LossOutput:
 class StepMetrics:
     sums: dict[str, torch.Tensor]  # this micro-batch's detached statistics (0-dim tensors, not yet synced)
     nonfinite: torch.Tensor  # 0-dim bool: the loss was NaN or inf
+
+
+REPLICATED = "replicated_from_rank0"  # extra-state key: the keys this rank left to rank 0's copy
+
+
+def resolve_replicated(ranks: list[dict], r: int) -> dict:
+    """Rank `r`'s extra state from the saved per-rank states, its REPLICATED keys taken from rank 0's."""
+    mine = dict(ranks[r])
+    shared = mine.pop(REPLICATED, [])
+    return {**mine, **{k: ranks[0][k] for k in shared}}
 
 
 class StepOutcome(enum.Enum):

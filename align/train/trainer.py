@@ -42,7 +42,7 @@ from align.train.ckpt_format import WeightFormat, weight_format_for
 from align.train.control import Flags, SkipTracker, StopSignals, agree, agreed_reason, halt_together
 from align.train.identity import identity_difference
 from align.train.rng import capture_rng_state, restore_rng_state
-from align.train.train_module import AccumInfo, StepOutcome, TrainModule
+from align.train.train_module import AccumInfo, StepOutcome, TrainModule, resolve_replicated
 from align.utils.dist import all_gather_object, all_reduce_sum, broadcast_object, is_rank0, pg_timeout_s, rank, \
     set_pg_timeout, world_size
 from align.utils.tracking import MetricsHistory
@@ -248,7 +248,7 @@ class Trainer:
         self.module.load_model_state_dict(self.weight_format.read(self.module.model, ckpt / ckpt_io.MODEL_DIR))
         self.module.load_state_dict(payload["module"])
         mine = payload["ranks"][rank()]
-        self.module.load_extra_state(mine["extra"])
+        self.module.load_extra_state(resolve_replicated([r["extra"] for r in payload["ranks"]], rank()))
         self.loader.load_state_dict(mine["loader"])
         for cb in self.callbacks:
             cb.load_state_dict(mine["callbacks"].get(cb.name, {}))

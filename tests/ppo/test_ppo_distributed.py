@@ -2,7 +2,8 @@
 policy and critic as one process on the same prompts: the two ranks sample disjoint halves of each rollout, the
 advantages are whitened over both, the critic's gradients are averaged, so every step's numbers and the final
 weights agree with the single-process run to float-summation noise; stopped mid-rollout and resumed on two ranks,
-it ends bit for bit where the uninterrupted two-rank run does (critic and its Adam state included). Worker:
+it ends bit for bit where the uninterrupted two-rank run does (critic and its Adam state included; the checkpoint
+holds rank 0's critic only, rank 1's state points at it). Worker:
 dist_ppo_worker.py."""
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from dist_ppo_worker import run  # noqa: E402 (also puts tests/rl on the path, through ppo_fixtures)
 from rl_fixtures import launch_two_ranks  # noqa: E402
+
+from align.train.train_module import REPLICATED  # noqa: E402
 
 pytestmark = pytest.mark.distributed
 WORKER = Path(__file__).parent / "dist_ppo_worker.py"
@@ -47,6 +50,9 @@ def test_two_ranks_train_the_policy_and_critic_of_one_process(tmp_path, strategy
             assert err <= 1e-4, (name, key, err)
     resumed = torch.load(tmp_path / f"{strategy}_ranks2_resumed.pt", weights_only=True)  # stopped at 3, resumed
     assert two["resumed_from"] == "" and resumed["resumed_from"].endswith("step_3")
+    saved = torch.load(Path(resumed["resumed_from"]) / "resume.pt", weights_only=True)["ranks"]  # one critic copy
+    assert "critic" in saved[0]["extra"] and "critic" not in saved[1]["extra"]
+    assert saved[1]["extra"][REPLICATED] == ["critic", "critic_optimizer"]
     assert [r["step"] for r in resumed["history"]] == [1, 2, 3, 4]
     for name in ("policy", "critic", "critic_exp_avg"):
         assert resumed[name].keys() == two[name].keys()

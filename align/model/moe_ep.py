@@ -43,7 +43,7 @@ import torch.distributed as dist
 from torch import nn
 
 from align.model.moe import Experts, SparseMoeBlock
-from align.utils.dist import all_reduce_tensors_
+from align.utils.dist import all_reduce_tensors_, packable_grads
 
 _HEADER = 2  # count-message columns before the per-expert counts: call serial, row width
 
@@ -241,12 +241,7 @@ def finalize_expert_grads(model: nn.Module, groups: ExpertParallel) -> None:
     contribution); the replicated parameters get (1/W) * sum over all W ranks. So: sum over the replicate group
     (one all-reduce of all shards packed, when R > 1), then divide by W. Skipped, the experts would train at
     `ep` times the learning rate with no error. Collective over the replicate group."""
-    grads = []
-    for p in expert_shard_params(model):
-        if p.requires_grad:
-            if p.grad is None:  # NOTE: a zero-row rank's shards are tied (exact zeros); None means no forward ran
-                p.grad = torch.zeros_like(p)
-            grads.append(p.grad)
+    grads = packable_grads(expert_shard_params(model))  # NOTE: None (zeros) means no forward ran on this rank
     if not grads:
         return
     if groups.replicas > 1:

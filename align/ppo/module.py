@@ -72,7 +72,8 @@ from align.train.rm_module import RmHeadConfig, split_head_group
 from align.train.schedulers import lr_multiplier
 from align.train.train_module import REPLICATED, AccumInfo, LossOutput, StepMetrics, StepOutcome, TrainModule, \
     TrainModuleConfig, to_device
-from align.utils.dist import all_reduce_sum, all_reduce_tensors_, broadcast_tensors_, device, rank, world_size
+from align.utils.dist import all_reduce_sum, all_reduce_tensors_, broadcast_tensors_, device, packable_grads, rank, \
+    world_size
 
 POLICY_SUMS = ("policy_tokens", "policy_loss_sum", "clip_sum", "ratio_sum", "ratio_abs_log_sum", "entropy_sum",
                "entropy_tokens", "adv_abs_sum", "kl_sum", "rho_abs_log_sum")
@@ -216,10 +217,7 @@ class PpoTrainModule(GrpoTrainModule):
         the policy). A rank whose critic saw no row packs zeros, so every rank reduces the same layout."""
         if world_size() == 1:
             return
-        for p in params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        grads = [p.grad for p in params]
+        grads = packable_grads(params)
         all_reduce_tensors_(grads)
         torch._foreach_div_(grads, float(world_size()))
 

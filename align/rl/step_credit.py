@@ -73,9 +73,12 @@ def results(text: str) -> list[Result]:
     return out
 
 
-def token_spans(ids: Sequence[int], decode: Callable[[list[int]], str]) -> list[tuple[int, int]] | None:
-    """(start, end) characters of each token in decode(ids); None when prefixes do not decode to prefixes."""
-    text, spans, prev = decode(list(ids)), [], 0
+def token_spans(ids: Sequence[int], decode: Callable[[list[int]], str],
+                text: str | None = None) -> list[tuple[int, int]] | None:
+    """(start, end) characters of each token in `text` = decode(ids) (pass it when already decoded); None when
+    prefixes do not decode to prefixes."""
+    text = decode(list(ids)) if text is None else text
+    spans, prev = [], 0
     for k in range(1, len(ids) + 1):
         head = decode(list(ids[:k]))
         if not text.startswith(head) or len(head) < prev:
@@ -94,8 +97,9 @@ def group_step_advantages(completions: Sequence[Sequence[int]], decode: Callable
     """Per-token step advantages (one list per completion, its own length) of one prompt's G completions."""
     parsed = []
     for ids in completions:
-        spans = token_spans(ids, decode)
-        parsed.append((spans, results(decode(list(ids))) if spans is not None else []))
+        text = decode(list(ids))
+        spans = token_spans(ids, decode, text)
+        parsed.append((spans, results(text) if spans is not None else []))
     truths: dict[tuple[str, str, str], list[float]] = {}
     for _, found in parsed:
         for r in found:

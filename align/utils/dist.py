@@ -181,6 +181,19 @@ def all_reduce_tensors_(tensors: Sequence[torch.Tensor], group=None) -> None:
                                                                        tensors)])
 
 
+def packable_grads(params) -> list[torch.Tensor]:
+    """The gradients of the trainable `params`, a missing one set to zeros first: what a rank packs into
+    `all_reduce_tensors_` for parameters kept outside DDP / FSDP2, the same layout on every rank even where this
+    rank's backward never reached a parameter."""
+    grads = []
+    for p in params:
+        if p.requires_grad:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            grads.append(p.grad)
+    return grads
+
+
 def broadcast_tensors_(tensors: Sequence[torch.Tensor], src: int = 0) -> None:
     """Rank `src`'s values of `tensors` on every rank, in place (a replicated module kept outside DDP / FSDP2)."""
     if not is_distributed():

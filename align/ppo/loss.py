@@ -31,6 +31,10 @@ class PpoLossConfig:
     entropy_coef: float = 0.0  # > 0: the entropy's gradient is formed by align.ppo.entropy (one more head pass)
     chunk_size: int = 1024  # completion tokens per logits chunk in the head
     head_dtype: Literal["float32", "bfloat16"] = "float32"  # the LM head's GEMM operands (logits stay fp32)
+    # "skip": rows whose every loss token has advantage 0 (the wrong samples under [gae] negative_scale = 0) skip
+    # the policy's forward and backward (the critic still trains on them): the same gradient (policy_rows);
+    # "train": every row goes through the policy
+    zero_gradient_rows: Literal["skip", "train"] = "skip"
 
     def __post_init__(self):
         for name in ("clip", "value_clip"):
@@ -41,6 +45,9 @@ class PpoLossConfig:
                 raise ValueError(f"PpoLossConfig.{name} must be >= 0, got {getattr(self, name)!r}")
         if self.chunk_size < 1:
             raise ValueError(f"PpoLossConfig.chunk_size must be >= 1, got {self.chunk_size!r}")
+        if self.zero_gradient_rows not in ("skip", "train"):
+            raise ValueError(f"PpoLossConfig.zero_gradient_rows must be 'skip' or 'train', got "
+                             f"{self.zero_gradient_rows!r}")
 
 
 def policy_per_token(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
@@ -77,3 +84,21 @@ def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Te
 def entropy_bonus(entropy: torch.Tensor, mask: torch.Tensor, coef: float) -> torch.Tensor:
     """(B, T) per-token entropies -> -coef * their masked mean."""
     return -coef * masked_mean(entropy, mask)
+
+
+def policy_rows(batch: dict, loss: PpoLossConfig, ppo) -> torch.Tensor | None:
+    """Row indices of a micro-batch that the policy must see, or None for all of them.
+
+    Why exact: the policy's per-token loss is max(-A_t r_t, -A_t clip(r_t)) (0 for A_t = 0 and any finite r_t) plus,
+    only when configured, an entropy bonus or a KL term in the loss (`ppo`: PpoConfig), which act on every token;
+    with neither, a row whose advantages are 0 on every loss token adds exactly 0 to the loss and its gradient.
+    A micro-batch with no such row still forwards one row (its shortest; gradient 0), so every rank runs one
+    policy forward and backward per micro-batch (DDP's all-reduce and FSDP2's gathers need the same count)."""
+    if loss.entropy_coef > 0 or (ppo.kl_in == "loss" and ppo.kl_beta > 0):
+        return None
+    live = ((batch["token_advantages"] != 0) & (batch["loss_mask"] != 0)).any(1)
+    if bool(live.all()):
+        return None
+    if not bool(live.any()):
+        return batch["completion_mask"].sum(1).argmin().reshape(1)
+    return live.nonzero().squeeze(1)

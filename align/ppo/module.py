@@ -12,6 +12,10 @@ Per micro-batch (one sum over its loss tokens; the Trainer divides by the step's
         + value_coef * 1/2 max((V_t - R_t)^2, (V_old_t + clip(V_t - V_old_t, -c, c) - R_t)^2)     critic
         - entropy_coef * H_t                                      (differentiable only when entropy_coef > 0)
         + kl_beta * k3(logp_t, ref_t)                             (only when [ppo] kl_in = "loss")
+A row whose advantages are 0 on every loss token (a wrong sample under [gae] negative_scale = 0) adds nothing to the
+policy's terms when there is no entropy bonus and no KL in the loss: with `[loss] zero_gradient_rows = "skip"` (the
+default) it skips the policy's forward and backward (align.ppo.loss.policy_rows) and trains the critic only; the
+logged entropy, ratio and advantage means then cover the forwarded rows.
 The critic's parameters are disjoint from the policy's, so one backward fills both; each has its own optimizer
 and gradient clip. The critic has a constant learning rate (its own [critic_optimizer] table); its fresh value head
 may train at a multiple of it ([critic_head] lr_scale, the reward model's [head] rule). Since the critic has its own
@@ -59,9 +63,9 @@ from torch import nn
 
 from align.ppo.critic import completion_values
 from align.ppo.entropy import token_entropy
-from align.ppo.loss import PpoLossConfig, policy_per_token, value_per_token
+from align.ppo.loss import PpoLossConfig, policy_per_token, policy_rows, value_per_token
 from align.ppo.stage_config import PpoConfig
-from align.rl.assembly import check_layout
+from align.rl.assembly import check_layout, select_rows
 from align.rl.grpo_loss import GrpoLossConfig, k3_kl
 from align.rl.grpo_module import GrpoTrainModule, rollout_metrics
 from align.rl.token_logprobs import completion_rows, head_inputs, tempered_token_logprobs, unflatten
@@ -122,6 +126,17 @@ class PpoTrainModule(GrpoTrainModule):
         return LossOutput(total, {k: torch.as_tensor(v).detach().float().cpu() for k, v in sums.items()})
 
     def _policy_terms(self, model: nn.Module, batch: dict) -> tuple[torch.Tensor, dict]:
+        """The policy's per-token terms (B, C) and sums; with `[loss] zero_gradient_rows = "skip"` only the rows
+        that carry a policy gradient go through the policy (align.ppo.loss.policy_rows), the others' terms are 0."""
+        rows = policy_rows(batch, self.ppo_loss, self.ppo) if self.ppo_loss.zero_gradient_rows == "skip" else None
+        if rows is None:
+            return self._policy_terms_of(model, batch)
+        flags = {k: v for k, v in batch.items() if not torch.is_tensor(v)}
+        per_token, sums = self._policy_terms_of(model, {**flags, **select_rows(batch, rows)})
+        full = torch.zeros(batch["loss_mask"].shape, dtype=per_token.dtype, device=per_token.device)
+        return full.index_put((rows[:, None], torch.arange(per_token.shape[1], device=per_token.device)[None, :]), per_token), sums
+
+    def _policy_terms_of(self, model: nn.Module, batch: dict) -> tuple[torch.Tensor, dict]:
         cfg, mask, comp = self.ppo_loss, batch["loss_mask"], batch["completion_mask"]
         hidden, targets, real = completion_rows(model, batch)
         hidden, weight = head_inputs(hidden, model.lm_head.weight, self.head_dtype)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from align.ppo.entropy import token_entropy
-from align.ppo.loss import value_per_token
+from align.ppo.loss import PpoLossConfig, policy_rows, value_per_token
 from align.ppo.rewards import reward_model_scorer, token_rewards
 from align.ppo.stage_config import PpoConfig
 from align.rl.grpo_loss import k3_kl
@@ -293,3 +293,48 @@ def test_the_critic_head_lr_scale_gives_the_value_head_its_own_group(tmp_path):
     assert len(head) == 1 and head[0]["lr"] == pytest.approx(10 * 2e-2)
     assert {id(p) for p in head[0]["params"]} == {id(p) for p in module.critic.score.parameters()}
     assert all(g["lr"] == pytest.approx(2e-2) for name, g in groups.items() if not name.startswith("score_head"))
+
+
+def window_grads(module, window):
+    """The policy's and the critic's gradients after the window's micro-batches (no step)."""
+    units = sum(module.loss_units(mb) for mb in window)
+    for i, mb in enumerate(window):
+        module.train_batch(mb, AccumInfo(i, len(window), units, 1))
+    grads = [p.grad.clone() for p in module.model.parameters()] + [p.grad.clone() for p in module.critic.parameters()]
+    module.zero_grads()
+    return grads
+
+
+@pytest.mark.parametrize("kl_in", ["reward", "loss"])
+def test_skipping_the_rows_without_a_policy_gradient_leaves_the_gradients_as_training_them(tmp_path, kl_in):
+    ppo, gae_cfg = PpoConfig(kl_beta=0.05, kl_in=kl_in), GaeConfig(negative_scale=0.0)
+    grads, calls = {}, {}
+    for mode in ("train", "skip"):
+        module, _, source = make_ppo(tmp_path, ppo=ppo, gae_cfg=gae_cfg, shape=ONE_WINDOW,
+                                     loss=PpoLossConfig(zero_gradient_rows=mode))
+        rows_seen = []
+        forward = module.model.forward_hidden
+        module.model.forward_hidden = lambda ids, _f=forward: rows_seen.append(ids.shape[0]) or _f(ids)
+        window = next(iter(source))
+        rows_seen.clear()  # the batch source's scoring passes (pi_old for the KL in the reward) do not count
+        dead = sum(int((mb["token_advantages"] == 0).all(1).sum()) for mb in window)
+        grads[mode], calls[mode] = window_grads(module, window), (sum(rows_seen), dead)
+    total = sum(mb["loss_mask"].shape[0] for mb in window)
+    assert calls["train"][0] == total and calls["train"][1] > 0  # the wrong samples carry no policy gradient
+    if kl_in == "loss":  # the KL acts on every token: nothing may be left out
+        assert calls["skip"][0] == total
+    else:
+        assert calls["skip"][0] == total - calls["skip"][1]
+    for a, b in zip(grads["train"], grads["skip"]):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_a_micro_batch_without_a_policy_gradient_forwards_its_shortest_row(tmp_path):
+    mb = {"token_advantages": torch.zeros(3, 4), "loss_mask": torch.ones(3, 4),
+          "completion_mask": torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [1, 1, 1, 0]])}
+    assert policy_rows(mb, PpoLossConfig(), PpoConfig(kl_beta=0.0)).tolist() == [1]
+    mb["token_advantages"][2, 1] = 0.5
+    assert policy_rows(mb, PpoLossConfig(), PpoConfig(kl_beta=0.0)).tolist() == [2]
+    assert policy_rows(mb, PpoLossConfig(entropy_coef=0.01), PpoConfig(kl_beta=0.0)) is None
+    mb["token_advantages"][:, 0] = 1.0
+    assert policy_rows(mb, PpoLossConfig(), PpoConfig(kl_beta=0.0)) is None

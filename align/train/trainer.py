@@ -43,7 +43,7 @@ from align.train.control import Flags, SkipTracker, StopSignals, agree, agreed_r
 from align.train.identity import identity_difference
 from align.train.rng import capture_rng_state, restore_rng_state
 from align.train.train_module import AccumInfo, StepOutcome, TrainModule, resolve_replicated
-from align.utils.dist import all_gather_object, all_reduce_sum, broadcast_object, is_rank0, pg_timeout_s, rank, \
+from align.utils.dist import all_reduce_sum, broadcast_object, gather_object, is_rank0, pg_timeout_s, rank, \
     set_pg_timeout, world_size
 from align.utils.tracking import MetricsHistory
 
@@ -212,7 +212,7 @@ class Trainer:
         if self._last_saved_step == self.step:
             return None
         weights = self.module.full_model_state_dict()
-        ranks = all_gather_object(self._rank_state())
+        ranks = gather_object(self._rank_state())  # rank 0 writes resume.pt; the others' states go to it only
         if self.cfg.pin_every and self.step % self.cfg.pin_every == 0:
             self.pinned.add(self.step)
         resume = {"micro_step": self.micro_step, "ranks": ranks, "skips": self.skips.state_dict(),

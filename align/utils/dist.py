@@ -212,6 +212,16 @@ def all_gather_object(obj: Any) -> list[Any]:
     return out
 
 
+def gather_object(obj: Any, dst: int = 0) -> list[Any] | None:
+    """Every rank's `obj` in rank order on rank `dst`, None on the others (a one-element list without a process
+    group): what only one rank writes need not be pickled to every rank (a replicated critic's Adam state, say)."""
+    if not is_distributed():
+        return [obj]
+    out: list[Any] | None = [None] * world_size() if rank() == dst else None
+    dist.gather_object(obj, out, dst=dst)
+    return out
+
+
 def broadcast_object(obj: Any, src: int = 0) -> Any:
     """Rank `src`'s `obj` on every rank (the object itself without a process group)."""
     if not is_distributed():

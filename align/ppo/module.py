@@ -67,7 +67,7 @@ from align.ppo.loss import PpoLossConfig, policy_per_token, policy_rows, value_p
 from align.ppo.stage_config import PpoConfig
 from align.rl.assembly import check_layout, select_rows
 from align.rl.grpo_loss import GrpoLossConfig, k3_kl
-from align.rl.grpo_module import GrpoTrainModule, rollout_metrics
+from align.rl.grpo_module import GrpoTrainModule, rollout_metrics, row_counts
 from align.rl.token_logprobs import completion_rows, head_inputs, tempered_token_logprobs, unflatten
 from align.rl.tripwires import GrpoHealth
 from align.train.grad_norm import clip_grads_, global_grad_norm
@@ -163,12 +163,9 @@ class PpoTrainModule(GrpoTrainModule):
 
     @torch.no_grad()
     def _critic_sums(self, batch: dict, values, v_tok, v_clipped) -> dict:
-        mask, comp = batch["loss_mask"], batch["completion_mask"]
+        mask = batch["loss_mask"]
         ret, resid = batch["returns"], batch["returns"] - batch["old_values"]
-        sums = {"seqs": mask.shape[0], "units": self.loss_units(batch), "loss_tokens": mask.sum(),
-                "completion_tokens": comp.sum(), "input_tokens": (batch["completion_start"].float() + comp.sum(1)).sum(),
-                "reward_sum": batch["rewards"].sum(), "correct": batch["correct"].sum(),
-                "truncated": batch["truncated"].sum(), "value_loss_sum": (v_tok.detach() * mask).sum(),
+        sums = {**row_counts(batch), "units": self.loss_units(batch), "value_loss_sum": (v_tok.detach() * mask).sum(),
                 "value_clip_sum": (v_clipped * mask).sum(), "value_sum": (values.detach() * mask).sum(),
                 "return_sum": (ret * mask).sum(), "return_sq": (ret.square() * mask).sum(),
                 "resid_sum": (resid * mask).sum(), "resid_sq": (resid.square() * mask).sum()}

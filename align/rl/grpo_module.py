@@ -76,6 +76,16 @@ def rollout_metrics(sums: dict[str, float]) -> dict[str, float]:
     return out
 
 
+def row_counts(rows: dict) -> dict[str, torch.Tensor]:
+    """Per-row sums of a rollout batch that need no forward (GRPO's and PPO's statistics): sequences, loss /
+    completion / input tokens, reward, correct and truncated rows."""
+    mask, comp = rows["loss_mask"], rows["completion_mask"]
+    return {"seqs": torch.as_tensor(float(mask.shape[0])), "loss_tokens": mask.sum(), "completion_tokens": comp.sum(),
+            "input_tokens": (rows["completion_start"].float() + comp.sum(1)).sum(),
+            "reward_sum": rows["rewards"].sum(), "correct": rows["correct"].sum(),
+            "truncated": rows["truncated"].sum()}
+
+
 class GrpoTrainModule(TrainModule):
     def __init__(self, model: nn.Module, cfg: TrainModuleConfig, loss_cfg: GrpoLossConfig, temperature: float,
                  constant_length: int, total_steps: int, seed: int = 0, client=None,
@@ -159,12 +169,7 @@ class GrpoTrainModule(TrainModule):
 
     def _row_sums(self, rows: dict) -> dict[str, torch.Tensor]:
         """The statistics of rows that need no forward (every row of the window, forwarded or left out)."""
-        mask, comp = rows["loss_mask"], rows["completion_mask"]
-        return {"seqs": torch.as_tensor(float(mask.shape[0])), "loss_tokens": mask.sum(),
-                "completion_tokens": comp.sum(),
-                "input_tokens": (rows["completion_start"].float() + comp.sum(1)).sum(),
-                "reward_sum": rows["rewards"].sum(), "correct": rows["correct"].sum(),
-                "truncated": rows["truncated"].sum(), "adv_abs_sum": rows["advantages"].abs().sum(),
+        return {**row_counts(rows), "adv_abs_sum": rows["advantages"].abs().sum(),
                 "staleness_sum": (self.step - rows["weight_version"]).float().sum()}
 
     @torch.no_grad()

@@ -80,9 +80,10 @@ def save_state_dict(state: dict[str, torch.Tensor], cfg: MistralConfig, out_dir:
 
 def save_checkpoint(model, out_dir: str | os.PathLike, *, max_shard_bytes: int | None = None,
                     tokenizer_dir: str | os.PathLike | None = None, dtype: torch.dtype | None = None,
-                    inputs: dict | None = None) -> Path:
-    """Save an align Mistral model (causal LM, value head or PRM) in the HF layout; tied lm_head is not written."""
-    state = model.state_dict()
+                    inputs: dict | None = None, state: dict[str, torch.Tensor] | None = None) -> Path:
+    """Save an align Mistral model (causal LM, value head or PRM) in the HF layout; tied lm_head is not written.
+    `state`: these full weights instead of the model's own (a sharded model's, gathered: train_module.full_state_dict)."""
+    state = dict(model.state_dict() if state is None else state)
     if model.config.tie_word_embeddings:
         state.pop("lm_head.weight", None)  # as transformers: the tie is in config.json, not in the file
     return save_state_dict(state, model.config, out_dir, architecture=model.hf_architecture,

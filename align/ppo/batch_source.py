@@ -42,7 +42,8 @@ from align.rl.curriculum import PromptCurriculum
 from align.rl.rewards import CompositeReward
 from align.rl.stage_config import DynamicSamplingConfig, RolloutShape
 from align.rollout.protocol import RolloutClient
-from align.utils.dist import all_reduce_sum
+from align.rl.zero_rows import micro_count
+from align.utils.dist import all_reduce_max, all_reduce_sum
 
 
 
@@ -80,12 +81,16 @@ class PpoBatchSource(GrpoBatchSource):
         # one window trained on the weights that sampled it, and no KL in the reward: pi_old is the training
         # forward itself (GRPO's `old_from_forward`), so the policy's scoring pass is not needed
         from_forward = self.old_scorer is not None and len(plan) == 1 and beta == 0.0
+        # the policy's, the critic's and the reference's forwards are collectives under FSDP2: every rank scores in
+        # the same number of passes, however many rows it holds (dynamic sampling can leave ranks uneven)
+        passes = None if self.world_size == 1 else int(
+            all_reduce_max([micro_count(comp.shape[0], shape.micro_batch_size)])[0])
         if self.old_scorer is not None and not from_forward:  # else pi_old is the sampler's log-probs
-            batch["old_logprobs"] = self._score(batch, self.old_scorer)  # (shape.old_logprobs = "rollout")
-        batch["old_values"] = self._score(batch, self.value_scorer)
+            batch["old_logprobs"] = self._score(batch, self.old_scorer, passes=passes)  # (old_logprobs = "rollout")
+        batch["old_values"] = self._score(batch, self.value_scorer, passes=passes)
         ref = None
         if self.ref_scorer is not None:
-            ref = batch["ref_logprobs"] = self._score(batch, self.ref_scorer)
+            ref = batch["ref_logprobs"] = self._score(batch, self.ref_scorer, passes=passes)
         rm_sum = 0.0
         if self.reward_model is not None:  # the verifier's terms + weight x the reward model's score
             rm = self._score_rows(batch, self.reward_model)

@@ -44,15 +44,18 @@ critic predicted before it was fitted to this rollout.
 State: the critic's weights and its optimizer's state are this module's extra state (resume.pt), beside GRPO's
 health state; the policy's weights and optimizer are the Trainer's as for every module.
 
-Several ranks: the policy is wrapped as every TrainModule's (DDP or FSDP2, [parallel]); the critic is replicated
-outside the wrapper: rank 0's weights are broadcast at construction, each rank's backward fills its own critic
-gradients, and `optim_step` replaces them by their mean over ranks (one all-reduce of them packed) before the
-norm, the clip and the step, so every rank's critic takes the same step (as DDP would). A critic-only micro-batch
-runs on the bare model (the policy's wrapper would wait for gradients no forward produced). The ratio tripwire's
-sums are all-reduced before its verdict; the extra value-only passes reduce their gradients and losses the same
-way. A checkpoint holds the critic and its Adam state once (rank 0's; the other ranks' resume state points at it).
-NOTE: the critic is a full copy on every rank (not sharded): a 7B critic needs its weights, gradients and Adam
-state on each GPU."""
+Several ranks: the policy is wrapped as every TrainModule's (DDP or FSDP2, [parallel]), and every value goes
+through `critic_net` (align.ppo.critic), rank 0's critic weights broadcast first. Under FSDP2 the critic is sharded
+the same way (`fully_shard` per decoder block and its own root unit; its gradient sync follows the window like the
+policy's, its reduce-scatter averages the gradients): each rank holds 1/N of its weights, gradients and Adam state,
+and a checkpoint keeps each rank's shard in that rank's own module-state file (`state_dict`; nothing of it is
+gathered), the full critic gathered only for `<run_dir>/critic/`. Under DDP the critic is replicated outside the
+wrapper: each rank's backward fills its own critic gradients, and `optim_step` replaces them by their mean over
+ranks (one all-reduce of them packed) before the norm, the clip and the step, so every rank's critic takes the same
+step; a checkpoint holds that critic and its Adam state once (rank 0's; the other ranks' resume state points at
+it). A critic-only micro-batch runs on the bare policy (the policy's wrapper would wait for gradients no forward
+produced). The ratio tripwire's sums are all-reduced before its verdict; the extra value-only passes reduce their
+gradients and losses the same way."""
 
 from __future__ import annotations
 
@@ -61,7 +64,7 @@ import math
 import torch
 from torch import nn
 
-from align.ppo.critic import completion_values
+from align.ppo.critic import critic_net
 from align.ppo.entropy import token_entropy
 from align.ppo.loss import PpoLossConfig, policy_per_token, policy_rows, value_per_token
 from align.ppo.stage_config import PpoConfig
@@ -73,9 +76,11 @@ from align.rl.tripwires import GrpoHealth
 from align.train.grad_norm import clip_grads_, global_grad_norm
 from align.train.optim import OptimizerConfig, make_optimizer
 from align.train.rm_module import RmHeadConfig, split_head_group
+from align.train.parallel import grad_sync
 from align.train.schedulers import lr_multiplier
 from align.train.train_module import REPLICATED, AccumInfo, LossOutput, StepMetrics, StepOutcome, TrainModule, \
-    TrainModuleConfig, to_device
+    TrainModuleConfig, full_state_dict, load_local_state_dict, local_state_dict, localize, rewrap_dtensor_state, \
+    to_device
 from align.utils.dist import all_reduce_sum, all_reduce_tensors_, broadcast_tensors_, device, packable_grads, rank, \
     world_size
 
@@ -96,6 +101,7 @@ class PpoTrainModule(GrpoTrainModule):
         self.ppo_loss, self.ppo, self.critic = loss_cfg, ppo, critic
         self.critic_cfg = critic_optimizer
         broadcast_tensors_(list(critic.state_dict().values()))  # one critic on every rank: rank 0's
+        self.critic_net, self.critic_sharded = critic_net(critic, cfg.parallel)  # FSDP2 beside an FSDP2 policy
         self.critic_optimizer, self.critic_banner = make_optimizer(critic, critic_optimizer, seed=seed)
         if critic_head.lr_scale != 1.0:  # the fresh value head learns faster than the trained trunk (as the RM's)
             split_head_group(self.critic_optimizer, critic.score, critic_head.lr_scale)
@@ -111,7 +117,7 @@ class PpoTrainModule(GrpoTrainModule):
             return super().loss(model, batch)
         check_layout(batch)
         cfg, mask = self.ppo_loss, batch["loss_mask"]
-        values = completion_values(self.critic, batch)
+        values = self.critic_net(batch)
         v_tok, v_clipped = value_per_token(values, batch["old_values"], batch["returns"], cfg.value_clip)
         per_token = cfg.value_coef * v_tok
         sums = self._critic_sums(batch, values, v_tok, v_clipped)
@@ -210,13 +216,14 @@ class PpoTrainModule(GrpoTrainModule):
     @torch.no_grad()
     def values(self, batch: dict) -> torch.Tensor:
         """(N, C) critic values of the batch's completions under the current critic weights."""
-        return completion_values(self.critic, to_device(batch, self.critic.score.weight.device))
+        return self.critic_net(to_device(batch, device()))
 
     # ------------------------------------------------------------------------------------------------ the step
     def train_batch(self, batch: dict, accum: AccumInfo) -> StepMetrics:
         self._critic_only = bool(batch.get("critic_only"))
-        self.critic.train()
-        out = TrainModule.train_batch(self, batch, accum, bare=self._critic_only)  # warmup: no policy part
+        self.critic_net.train()
+        with grad_sync(self.critic_net, accum.is_last or self.cfg.parallel.sync_every_micro_batch):  # (FSDP2's)
+            out = TrainModule.train_batch(self, batch, accum, bare=self._critic_only)  # warmup: no policy part
         self._window_units = accum.global_units
         self._ratio_abs_log += float(out.sums["ratio_abs_log_sum"])
         self._ratio_tokens += float(out.sums["policy_tokens"])
@@ -226,8 +233,9 @@ class PpoTrainModule(GrpoTrainModule):
 
     def _mean_critic_grads(self, params: list[nn.Parameter]) -> None:
         """The replicated critic's gradients -> their mean over ranks (DDP's rule; the policy's wrapper does it for
-        the policy). A rank whose critic saw no row packs zeros, so every rank reduces the same layout."""
-        if world_size() == 1:
+        the policy). A rank whose critic saw no row packs zeros, so every rank reduces the same layout. A sharded
+        critic's reduce-scatter has averaged them already."""
+        if world_size() == 1 or self.critic_sharded:
             return
         grads = packable_grads(params)
         all_reduce_tensors_(grads)
@@ -272,12 +280,13 @@ class PpoTrainModule(GrpoTrainModule):
         for _ in range(self.ppo.critic_extra_epochs):
             self.critic_optimizer.zero_grad(set_to_none=True)
             total = 0.0
-            for batch in self._window_batches:
+            for i, batch in enumerate(self._window_batches):
                 batch = to_device(batch, device())
-                v_tok, _ = value_per_token(completion_values(self.critic, batch), batch["old_values"],
-                                           batch["returns"], self.ppo_loss.value_clip)
-                loss = (v_tok * batch["loss_mask"]).sum()
-                (self.ppo_loss.value_coef * scale * loss).backward()
+                with grad_sync(self.critic_net, i == len(self._window_batches) - 1):
+                    v_tok, _ = value_per_token(self.critic_net(batch), batch["old_values"], batch["returns"],
+                                               self.ppo_loss.value_clip)
+                    loss = (v_tok * batch["loss_mask"]).sum()
+                    (self.ppo_loss.value_coef * scale * loss).backward()
                 total += float(loss.detach())
             losses.append(float(all_reduce_sum([total])[0]) / self._window_units)
             self._mean_critic_grads(params)
@@ -299,9 +308,32 @@ class PpoTrainModule(GrpoTrainModule):
         self._window_batches = []
 
     # ------------------------------------------------------------------------------------------------ state
+    def state_dict(self) -> dict:
+        """The policy's optimizer state and step; a sharded critic's shard and its Adam state ride here too, so each
+        rank writes its own in its own file (nothing of them is gathered)."""
+        state = super().state_dict()
+        if self.critic_sharded:
+            state["critic"] = local_state_dict(self.critic)
+            state["critic_optimizer"] = localize(self.critic_optimizer.state_dict())
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        if self.critic_sharded:
+            load_local_state_dict(self.critic, state["critic"])
+            self.critic_optimizer.load_state_dict(state["critic_optimizer"])
+            rewrap_dtensor_state(self.critic_optimizer)
+
+    def full_critic_state_dict(self) -> dict[str, torch.Tensor]:
+        """The critic's full weights on rank 0 ({} elsewhere); collective when it is sharded."""
+        return full_state_dict(self.critic)
+
     def extra_state(self) -> dict:
-        """GRPO's health state, and the critic with its optimizer: rank 0's only (every rank holds the same replica;
-        the others point at it, align.train.train_module.REPLICATED), so a checkpoint keeps one copy."""
+        """GRPO's health state, and a replicated critic with its optimizer: rank 0's only (every rank holds the
+        same replica; the others point at it, align.train.train_module.REPLICATED), so a checkpoint keeps one copy.
+        (A sharded critic is in `state_dict`.)"""
+        if self.critic_sharded:
+            return super().extra_state()
         if rank() > 0:
             return {**super().extra_state(), REPLICATED: ["critic", "critic_optimizer"]}
         return {**super().extra_state(),
@@ -309,6 +341,8 @@ class PpoTrainModule(GrpoTrainModule):
                 "critic_optimizer": self.critic_optimizer.state_dict()}
 
     def load_extra_state(self, state: dict) -> None:
+        if self.critic_sharded:
+            return super().load_extra_state(state)
         missing = sorted({"critic", "critic_optimizer"} - set(state))
         if missing:
             raise ValueError(f"PpoTrainModule: the checkpoint's extra state lacks {missing} (not a PPO checkpoint)")

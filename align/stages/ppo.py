@@ -94,8 +94,9 @@ def main() -> int:
     code = fit_with_receipt(trainer, evals, before, checkpoint_content_hash(start), run_dir, "ppo")
     if code != 0:
         return code
+    critic = module.full_critic_state_dict()  # collective: a sharded critic is gathered to rank 0
     if is_rank0():
-        save_checkpoint(module.critic, run_dir / "critic")
+        save_checkpoint(module.critic, run_dir / "critic", state=critic)
     publish_final(trainer, cfg.lora, run_dir / "final", tokenizer_dir=tokenizer_dir_for(start),
                   inputs=inputs)  # collective; with [lora] the merged policy (+ final/adapter/)
     return 0

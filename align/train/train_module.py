@@ -170,23 +170,16 @@ class TrainModule:
     # ------------------------------------------------------------------------------------------- state
     def state_dict(self) -> dict:
         """This rank's optimizer state (DTensor shards as plain local tensors) and the schedule's step."""
-        return {"optimizer": _localize(self.optimizer.state_dict()), "step": self.step}
+        return {"optimizer": localize(self.optimizer.state_dict()), "step": self.step}
 
     def load_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
-        _rewrap_dtensor_state(self.optimizer)
+        rewrap_dtensor_state(self.optimizer)
         self.step = int(state["step"])
 
     def full_model_state_dict(self) -> dict[str, torch.Tensor]:
-        """Full (unsharded) CPU weights on rank 0, {} elsewhere. Collective under FSDP2: every rank must call it.
-        Gathered one tensor at a time, so no rank ever holds more than one full tensor beyond its shard."""
-        out = {}
-        for name, t in self.model.state_dict().items():
-            if hasattr(t, "full_tensor"):
-                t = t.full_tensor()
-            if is_rank0():
-                out[name] = t.detach().to("cpu", copy=True)
-        return out
+        """Full (unsharded) CPU weights on rank 0, {} elsewhere. Collective under FSDP2: every rank must call it."""
+        return full_state_dict(self.model)
 
     def load_model_state_dict(self, state: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy full weights into the (possibly sharded) model; every rank passes the same full tensors, as a dict or
@@ -210,6 +203,37 @@ class TrainModule:
             raise KeyError(f"checkpoint weights lack {missing[:3]} ({len(missing)} parameters)")
 
 
+def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """`model`'s full (unsharded) CPU weights on rank 0, {} elsewhere. Collective under FSDP2: every rank must call
+    it. Gathered one tensor at a time, so no rank ever holds more than one full tensor beyond its shard."""
+    out = {}
+    for name, t in model.state_dict().items():
+        if hasattr(t, "full_tensor"):
+            t = t.full_tensor()
+        if is_rank0():
+            out[name] = t.detach().to("cpu", copy=True)
+    return out
+
+
+def local_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """This rank's shard of every weight (DTensors as their local tensors): a sharded model's per-rank state."""
+    return localize(dict(model.state_dict()))
+
+
+def load_local_state_dict(model: nn.Module, state: Mapping[str, torch.Tensor]) -> None:
+    """Copy `local_state_dict`'s shards back into the (same world size, same sharding) model."""
+    own = model.state_dict()
+    if set(own) != set(state):
+        raise KeyError(f"{type(model).__name__}: saved shards name {sorted(set(state) ^ set(own))[:3]} that do not "
+                       f"match the model's weights")
+    with torch.no_grad():
+        for name, t in own.items():
+            local = t.to_local() if hasattr(t, "to_local") else t
+            if local.shape != state[name].shape:
+                raise ValueError(f"{name}: saved shard {tuple(state[name].shape)}, this rank's {tuple(local.shape)}")
+            local.copy_(state[name])
+
+
 def _copy_full_into(target: torch.Tensor, src: torch.Tensor, name: str) -> None:
     if hasattr(target, "to_local"):  # DTensor: take this rank's shard of the full tensor
         from torch.distributed.tensor import distribute_tensor
@@ -221,18 +245,18 @@ def _copy_full_into(target: torch.Tensor, src: torch.Tensor, name: str) -> None:
     target.detach().copy_(src)
 
 
-def _localize(obj):
+def localize(obj):
     """Replace DTensors by their local shards (resume.pt must load with weights_only=True, same world size)."""
     if hasattr(obj, "to_local") and hasattr(obj, "placements"):
         return obj.to_local().detach().clone()
     if isinstance(obj, dict):
-        return {k: _localize(v) for k, v in obj.items()}
+        return {k: localize(v) for k, v in obj.items()}
     if isinstance(obj, list):
-        return [_localize(v) for v in obj]
+        return [localize(v) for v in obj]
     return obj
 
 
-def _rewrap_dtensor_state(opt: torch.optim.Optimizer) -> None:
+def rewrap_dtensor_state(opt: torch.optim.Optimizer) -> None:
     """After loading local shards, turn state that belongs to a DTensor parameter back into DTensors."""
     from torch.distributed.tensor import DTensor
 

@@ -1,7 +1,7 @@
 """Worker of the 2-rank PPO test (test_ppo_distributed.py, launched by torch.distributed.run; also run in-process
 with one rank as the reference): PPO on the parity task for 4 steps (a critic-only warmup rollout, then policy and
 critic; two epochs per rollout, one extra value-only pass, the KL in the reward) with the policy under `strategy`
-and the critic replicated, once whole and once stopped at step 3 (mid-rollout) and resumed. Rank 0 writes
+and the critic replicated (DDP) or sharded like the policy (FSDP2), once whole and once stopped at step 3 (mid-rollout) and resumed. Rank 0 writes
 <out>/<name>.pt: the full policy and critic weights, the critic's Adam moments and the history."""
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ torch.set_num_threads(1)
 from align.ppo.stage_config import PpoConfig  # noqa: E402
 from align.rl.stage_config import RolloutShape  # noqa: E402
 from align.train.parallel import ParallelConfig  # noqa: E402
+from align.train.train_module import localize  # noqa: E402
 from align.train.trainer import Trainer, TrainerConfig  # noqa: E402
 from align.utils.dist import exit_process, init_distributed, rank, world_size  # noqa: E402
 from align.utils.tracking import read_history  # noqa: E402
@@ -37,9 +38,9 @@ def run(strategy: str, out: Path, name: str, stop_at: int = STEPS) -> None:
         trainer = Trainer(TrainerConfig(max_steps=last, checkpoint_every=1), module, source, out / name)
         code = trainer.fit()
     policy = module.full_model_state_dict()  # collective under FSDP2
-    if rank() == 0:
-        critic = {k: v.detach().clone() for k, v in module.critic.state_dict().items()}
-        adam = {k: v["exp_avg"].clone() for k, v in module.critic_optimizer.state_dict()["state"].items()}
+    critic = module.full_critic_state_dict()  # collective too: under FSDP2 the critic is sharded like the policy
+    if rank() == 0:  # (rank 0's shard of the critic's Adam moments when it is sharded)
+        adam = {k: v["exp_avg"].clone() for k, v in localize(module.critic_optimizer.state_dict())["state"].items()}
         torch.save({"code": code, "resumed_from": str(trainer.resumed_from or ""), "policy": policy,
                     "critic": critic, "critic_exp_avg": adam, "history": read_history(out / name / "history.jsonl")},
                    out / f"{name}.pt")

@@ -140,25 +140,23 @@ def test_extra_value_passes_fit_the_rollout_and_leave_the_policy_as_without(tmp_
 
 
 def test_a_non_finite_extra_pass_is_not_stepped_and_not_a_skip(tmp_path, monkeypatch):
-    import align.ppo.module as ppo_module
     plain, _, plain_source = make_ppo(tmp_path)
     module, _, source = make_ppo(tmp_path, ppo=PpoConfig(critic_extra_epochs=2))
     window = next(iter(source))
     assert train_window(plain, next(iter(plain_source))) is StepOutcome.APPLIED
-    calls, real = [], ppo_module.completion_values
+    calls, real = [], module.critic_net._loss_fn  # every value goes through the critic's unit
 
     def poisoned(critic, batch):  # the joint step's forwards are finite, the extra passes' are not
         calls.append(1)
         out = real(critic, batch)
         return out * math.nan if len(calls) > len(window) else out
 
-    monkeypatch.setattr(ppo_module, "completion_values", poisoned)
+    monkeypatch.setattr(module.critic_net, "_loss_fn", poisoned)
     assert train_window(module, window) is StepOutcome.APPLIED  # the joint step stands
     assert len(calls) == 3 * len(window)
     assert module.last["critic_extra_skipped"] == 2 and module.last["critic_extra_steps"] == 0
     for (name, p), (_, q) in zip(plain.critic.named_parameters(), module.critic.named_parameters()):
         assert torch.equal(p, q), name  # neither poisoned pass was stepped
-    monkeypatch.setattr(ppo_module, "completion_values", real)
     _, _, trainer, rows = fit(tmp_path, "run", 2, ppo=PpoConfig(critic_extra_epochs=2))
     assert [r["applied"] for r in rows] == [1, 1] and trainer.skips.bad == 0
     assert [r["critic_extra_steps"] for r in rows] == [2, 2] and [r["critic_extra_skipped"] for r in rows] == [0, 0]

@@ -79,22 +79,24 @@ def heldout_receipt(before: dict[str, dict], after: dict[str, dict], start_check
                     history: str | os.PathLike) -> dict:
     """An RL stage's metrics.json (the receipt's metrics), from ReceiptEvals before and after training: held-out
     greedy accuracy of the start and of the result, per level, the paired gain with its interval, stop rates, the
-    start checkpoint's hash, the reward curve above, and with trained-prompt evaluations the same accuracy and gain
+    start checkpoint's hash, the reward curve above, and with trained-prompt evaluations the same accuracy block
     on them (`trained_*`). The GRPO and PPO stages' receipt."""
     b, a = before["heldout"], after["heldout"]
-    out = {"heldout_rows": int(b["n"]), "start_accuracy": b["pass@1"], "accuracy": a["pass@1"],
-           "accuracy_gain": a["pass@1"] - b["pass@1"],
-           "start_accuracy_by_level": b["pass@1_by_group"], "accuracy_by_level": a["pass@1_by_group"],
-           **paired_gain(b, a), "start_stop_rate": b["stop_rate"], "stop_rate": a["stop_rate"],
-           "start_checkpoint": start_checkpoint, **reward_curve(history)}
+    out = {"heldout_rows": int(b["n"]), **accuracy_block(b, a), "start_stop_rate": b["stop_rate"],
+           "stop_rate": a["stop_rate"], "start_checkpoint": start_checkpoint, **reward_curve(history)}
     if "trained" in before:
-        tb, ta = before["trained"], after["trained"]
-        gain = paired_gain(tb, ta)
-        out.update({"trained_rows": int(tb["n"]), "trained_start_accuracy": tb["pass@1"],
-                    "trained_accuracy": ta["pass@1"], "trained_accuracy_gain": ta["pass@1"] - tb["pass@1"],
-                    "trained_accuracy_gain_se": gain["accuracy_gain_se"],
-                    "trained_accuracy_by_level": ta["pass@1_by_group"]})
+        out.update({"trained_rows": int(before["trained"]["n"]),
+                    **accuracy_block(before["trained"], after["trained"], "trained_")})
     return out
+
+
+def accuracy_block(b: dict, a: dict, prefix: str = "") -> dict:
+    """Greedy accuracy of one row set before (`b`) and after (`a`): overall and per level, the gain, its paired
+    standard error, 95% interval and rows gained / lost; every key behind `prefix`."""
+    block = {"start_accuracy": b["pass@1"], "accuracy": a["pass@1"], "accuracy_gain": a["pass@1"] - b["pass@1"],
+             "start_accuracy_by_level": b["pass@1_by_group"], "accuracy_by_level": a["pass@1_by_group"],
+             **paired_gain(b, a)}
+    return {prefix + k: v for k, v in block.items()}
 
 
 def fit_with_receipt(trainer, evals: ReceiptEvals, before: dict[str, dict], start_checkpoint: str, run_dir,

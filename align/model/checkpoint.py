@@ -82,7 +82,8 @@ def save_checkpoint(model, out_dir: str | os.PathLike, *, max_shard_bytes: int |
                     tokenizer_dir: str | os.PathLike | None = None, dtype: torch.dtype | None = None,
                     inputs: dict | None = None, state: dict[str, torch.Tensor] | None = None) -> Path:
     """Save an align Mistral model (causal LM, value head or PRM) in the HF layout; tied lm_head is not written.
-    `state`: these full weights instead of the model's own (a sharded model's, gathered: train_module.full_state_dict)."""
+    `state`: these full weights instead of the model's own (a sharded model's, gathered by
+    align.train.train_module.full_state_dict)."""
     state = dict(model.state_dict() if state is None else state)
     if model.config.tie_word_embeddings:
         state.pop("lm_head.weight", None)  # as transformers: the tie is in config.json, not in the file

@@ -41,8 +41,8 @@ from align.rl.batch_source import GrpoBatchSource, PromptSet, Scorer, attach_sta
 from align.rl.curriculum import PromptCurriculum
 from align.rl.rewards import CompositeReward
 from align.rl.stage_config import DynamicSamplingConfig, RolloutShape
-from align.rollout.protocol import RolloutClient
 from align.rl.zero_rows import micro_count
+from align.rollout.protocol import RolloutClient
 from align.utils.dist import all_reduce_max, all_reduce_sum
 
 

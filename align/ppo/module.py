@@ -41,8 +41,9 @@ tokens exceeds it changes nothing (SKIPPED: counted by the Trainer's skip caps, 
 GRPO. `explained_variance` = 1 - Var(R - V_old) / Var(R) over the step's loss tokens: how much of the return the
 critic predicted before it was fitted to this rollout.
 
-State: the critic's weights and its optimizer's state are this module's extra state (resume.pt), beside GRPO's
-health state; the policy's weights and optimizer are the Trainer's as for every module.
+State: the critic's weights and its optimizer's state are this module's (its extra state in resume.pt, beside
+GRPO's health state; a sharded critic's in each rank's module state, below); the policy's weights and optimizer
+are the Trainer's as for every module.
 
 Several ranks: the policy is wrapped as every TrainModule's (DDP or FSDP2, [parallel]), and every value goes
 through `critic_net` (align.ppo.critic), rank 0's critic weights broadcast first. Under FSDP2 the critic is sharded
@@ -75,8 +76,8 @@ from align.rl.token_logprobs import completion_rows, head_inputs, tempered_token
 from align.rl.tripwires import GrpoHealth
 from align.train.grad_norm import clip_grads_, global_grad_norm
 from align.train.optim import OptimizerConfig, make_optimizer
-from align.train.rm_module import RmHeadConfig, split_head_group
 from align.train.parallel import grad_sync
+from align.train.rm_module import RmHeadConfig, split_head_group
 from align.train.schedulers import lr_multiplier
 from align.train.train_module import REPLICATED, AccumInfo, LossOutput, StepMetrics, StepOutcome, TrainModule, \
     TrainModuleConfig, full_state_dict, load_local_state_dict, local_state_dict, localize, rewrap_dtensor_state, \
@@ -140,7 +141,8 @@ class PpoTrainModule(GrpoTrainModule):
         flags = {k: v for k, v in batch.items() if not torch.is_tensor(v)}
         per_token, sums = self._policy_terms_of(model, {**flags, **select_rows(batch, rows)})
         full = torch.zeros(batch["loss_mask"].shape, dtype=per_token.dtype, device=per_token.device)
-        return full.index_put((rows[:, None], torch.arange(per_token.shape[1], device=per_token.device)[None, :]), per_token), sums
+        cols = torch.arange(per_token.shape[1], device=per_token.device)  # the subset is trimmed to its longest row
+        return full.index_put((rows[:, None], cols[None, :]), per_token), sums
 
     def _policy_terms_of(self, model: nn.Module, batch: dict) -> tuple[torch.Tensor, dict]:
         cfg, mask, comp = self.ppo_loss, batch["loss_mask"], batch["completion_mask"]

@@ -1,7 +1,8 @@
 """Worker of the 2-rank PPO test (test_ppo_distributed.py, launched by torch.distributed.run; also run in-process
 with one rank as the reference): PPO on the parity task for 4 steps (a critic-only warmup rollout, then policy and
 critic; two epochs per rollout, one extra value-only pass, the KL in the reward) with the policy under `strategy`
-and the critic replicated (DDP) or sharded like the policy (FSDP2), once whole and once stopped at step 3 (mid-rollout) and resumed. Rank 0 writes
+and the critic replicated (DDP) or sharded like the policy (FSDP2), once whole and once stopped at step 3
+(mid-rollout) and resumed. Rank 0 writes
 <out>/<name>.pt: the full policy and critic weights, the critic's Adam moments and the history."""
 
 from __future__ import annotations

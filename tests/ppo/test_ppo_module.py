@@ -327,7 +327,7 @@ def test_skipping_the_rows_without_a_policy_gradient_leaves_the_gradients_as_tra
         assert torch.allclose(a, b, rtol=1e-5, atol=1e-7)
 
 
-def test_a_micro_batch_without_a_policy_gradient_forwards_its_shortest_row(tmp_path):
+def test_a_micro_batch_without_a_policy_gradient_forwards_its_shortest_row():
     mb = {"token_advantages": torch.zeros(3, 4), "loss_mask": torch.ones(3, 4),
           "completion_mask": torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [1, 1, 1, 0]])}
     assert policy_rows(mb, PpoLossConfig(), PpoConfig(kl_beta=0.0)).tolist() == [1]

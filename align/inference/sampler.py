@@ -26,8 +26,9 @@ from align.kernels import native as native_build
 CDF_CHUNK = 128
 _I64, _PTR = native_build.I64, native_build.PTR
 SIGNATURES: native_build.Signatures = {
-    "align_greedy": ([_PTR, _I64, _I64, _I64, _PTR, _PTR], None),
-    "align_softmax_weights": ([_PTR, _I64, _I64, _I64, _I64, _PTR, _PTR, _PTR], None),
+    "align_greedy": ([_PTR, _I64, _I64, _I64, _PTR, _PTR, _I64], None),
+    "align_softmax_weights": ([_PTR, _I64, _I64, _I64, _I64, _PTR, _PTR, _PTR, _I64], None),
+    "align_inverse_cdf": ([_PTR, _PTR, _I64, _I64, _I64, _PTR, _PTR], ctypes.c_int),
 }
 
 
@@ -123,7 +124,8 @@ def native_greedy(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     R, V = x.shape
     tok = torch.empty(R, dtype=torch.int64)
     logprob = torch.empty(R, dtype=torch.float32)
-    native_lib().align_greedy(x.data_ptr(), R, V, x.stride(0), tok.data_ptr(), logprob.data_ptr())
+    native_lib().align_greedy(x.data_ptr(), R, V, x.stride(0), tok.data_ptr(), logprob.data_ptr(),
+                              torch.get_num_threads())
     return tok, logprob
 
 
@@ -137,8 +139,24 @@ def native_normalise(x: torch.Tensor, out: torch.Tensor | None = None
     mass = torch.empty((R, -(-V // CDF_CHUNK)), dtype=torch.float64)
     lse = torch.empty(R, dtype=torch.float32)
     native_lib().align_softmax_weights(x.data_ptr(), R, V, x.stride(0), CDF_CHUNK, weights.data_ptr(),
-                                       mass.data_ptr(), lse.data_ptr())
+                                       mass.data_ptr(), lse.data_ptr(), torch.get_num_threads())
     return weights, mass, lse
+
+
+def native_inverse_cdf(weights: torch.Tensor, uniforms: torch.Tensor, mass: torch.Tensor) -> torch.Tensor:
+    """`inverse_cdf` in C, the same float64 operations in the same order: the same token, bit for bit (one call
+    instead of ~12 torch ops per decode step). weights (R, V) fp32 contiguous, mass (R, nC) float64 as `chunk_mass`
+    or native_normalise returns them."""
+    R, V = weights.shape
+    assert weights.is_contiguous() and weights.dtype == torch.float32 and weights.device.type == "cpu"
+    mass = mass.contiguous()
+    uniforms = uniforms.to(torch.float64).contiguous()
+    assert mass.shape == (R, -(-V // CDF_CHUNK)) and mass.dtype == torch.float64 and uniforms.shape == (R,)
+    tokens = torch.empty(R, dtype=torch.int64)
+    if native_lib().align_inverse_cdf(weights.data_ptr(), mass.data_ptr(), R, V, CDF_CHUNK, uniforms.data_ptr(),
+                                      tokens.data_ptr()) != 0:
+        raise MemoryError("align_inverse_cdf: no memory for its scratch")
+    return tokens
 
 
 def normalise(x: torch.Tensor, out: torch.Tensor | None = None, native: bool = False
@@ -222,5 +240,6 @@ def _sample_rows(logits, weights, mass, lse, params: RowParams, native: bool) ->
         x, changed = apply_top_p(x, params.top_p), True
     if changed:
         weights, mass, lse = normalise(x, native=native)  # else: the model's own distribution, already normalised
-    tokens = inverse_cdf(weights, params.uniforms, mass)
+    search = native_inverse_cdf if native else inverse_cdf
+    tokens = search(weights, params.uniforms, mass)
     return tokens, x.gather(1, tokens[:, None]).squeeze(1) - lse

@@ -70,13 +70,20 @@ def _chunk_stats(logits: torch.Tensor, targets: torch.Tensor, probs: torch.Tenso
 
     One log_softmax pass gives log p; CE is -log p[y] exactly as torch's cross_entropy computes it, and
     lse = logit[y] - log p[y]. The softmax is then exp'd in place and the entropy H = lse - <p, logits> is one
-    batched dot: three passes over the chunk instead of five (measured ~2x less elementwise time on CPU)."""
+    row dot: three passes over the chunk instead of five (measured ~2x less elementwise time on CPU)."""
     torch.log_softmax(logits, dim=-1, out=probs)  # (c, V): the one extra buffer besides the logits
     target_logp = probs.gather(1, targets[:, None]).squeeze(1)  # (c,)
     lse = logits.gather(1, targets[:, None]).squeeze(1) - target_logp
     probs.exp_()
-    entropy = lse - torch.bmm(probs[:, None, :], logits[:, :, None]).view(-1)  # (c,)
-    return lse, -target_logp, entropy, probs
+    return lse, -target_logp, lse - _row_dots(probs, logits), probs
+
+
+def _row_dots(probs: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """<p, logits> per row, for the entropy: in C on a CPU where it builds (a metric only: no gradient depends on it),
+    else a batched dot, which on a CPU runs as GEMVs at a quarter of memory speed (10% of a tiny SFT step)."""
+    if probs.device.type == "cpu" and ce_rows.available():
+        return ce_rows.row_dots(probs, logits)
+    return torch.bmm(probs[:, None, :], logits[:, :, None]).view(-1)
 
 
 class _FusedLinearCE(torch.autograd.Function):

@@ -45,6 +45,7 @@ from align.train.rng import capture_rng_state, restore_rng_state
 from align.train.train_module import AccumInfo, StepOutcome, TrainModule, resolve_replicated
 from align.utils.dist import all_reduce_sum, broadcast_object, gather_object, is_rank0, pg_timeout_s, rank, \
     set_pg_timeout, world_size
+from align.utils.heap import freeze_heap
 from align.utils.tracking import MetricsHistory
 
 
@@ -104,6 +105,7 @@ class Trainer:
         self.history.truncate_after(self.step)  # a resume replays the steps after its checkpoint
         for cb in self.callbacks:
             cb.on_fit_start(self)
+        freeze_heap()
         code = None
         try:
             with StopSignals() as signals:

@@ -170,6 +170,39 @@ def test_native_normalise_agrees_with_the_torch_passes():
 
 
 @needs_native
+@pytest.mark.parametrize("vocab", [1000, 32768, 1100])
+def test_native_inverse_cdf_picks_the_torch_token_bit_for_bit(vocab):
+    """The C search repeats inverse_cdf's float64 operations in order: the same token for every uniform, including
+    uniforms on chunk boundaries, zero-weight (masked) tokens and a vocabulary that is not a multiple of the chunk."""
+    g = torch.Generator().manual_seed(vocab)
+    x = _logits(rows=12, vocab=vocab, seed=vocab)
+    weights, mass, _ = sampler.native_normalise(x)
+    u = torch.rand(12, dtype=torch.float64, generator=g)
+    cum = mass.cumsum(-1)
+    u[3] = (cum[3, 0] / cum[3, -1]).item()  # exactly the end of the first chunk
+    u[4], u[5] = 1.0, 1e-300  # the last token with weight, the first
+    for uniforms in (u, torch.rand(12, dtype=torch.float64, generator=g)):
+        native_tokens = sampler.native_inverse_cdf(weights, uniforms, mass)
+        assert torch.equal(native_tokens, sampler.inverse_cdf(weights, uniforms, mass))
+        assert bool((weights.gather(1, native_tokens[:, None]) > 0).all())
+
+
+@needs_native
+def test_native_sampler_rows_do_not_depend_on_the_thread_count():
+    """The C row passes split rows across worker threads; each row's bits are the same with 1 or 2 threads."""
+    x = _logits(rows=40, vocab=32768, seed=3)
+    threads = torch.get_num_threads()
+    try:
+        outs = []
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            outs.append(list(sampler.native_greedy(x)) + list(sampler.native_normalise(x)))
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(a, b) for a, b in zip(*outs))
+
+
+@needs_native
 @pytest.mark.parametrize("rows,out_f,in_f", [(1, 16, 8), (16, 100, 64), (37, 384, 256), (130, 50, 33)])
 def test_native_linear_equals_a_float64_product_and_adds_the_residual(rows, out_f, in_f):
     g = torch.Generator().manual_seed(rows)

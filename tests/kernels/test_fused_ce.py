@@ -146,6 +146,28 @@ def test_native_rows_do_not_depend_on_the_thread_count_or_the_other_rows():
         assert torch.equal(a[10:20], b)
 
 
+@needs_native
+def test_row_dots_equal_float64_and_do_not_depend_on_threads_or_other_rows():
+    """The torch rows' entropy dot in C: each row's <a, b> within fp32 rounding of float64, its bits the same with
+    any thread count and alone (a strided view, as the chunk's rows are)."""
+    g = torch.Generator().manual_seed(5)
+    a, b = torch.rand(40, 1000, generator=g), torch.randn(40, 1000, generator=g) * 3  # a tail of 1000 % 16 = 8
+    ref = (a.double() * b.double()).sum(-1)
+    outs = []
+    for threads, rows in ((1, slice(None)), (2, slice(None)), (2, slice(7, 8))):
+        old = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            outs.append(ce_rows.row_dots(a[rows], b[rows]))
+        finally:
+            torch.set_num_threads(old)
+    scale = (a.double() * b.double()).abs().sum(-1)  # fp32 rounding is relative to the terms, not their sum
+    assert bool(((outs[0].double() - ref).abs() <= 1e-6 * scale).all())
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0][7:8], outs[2])
+    with pytest.raises(ValueError, match="row_dots"):
+        ce_rows.row_dots(a, b[:, :999])
+
+
 def test_auto_falls_back_to_torch_where_the_c_rows_cannot_be_built(monkeypatch):
     from align.kernels import native
 

@@ -87,3 +87,35 @@ int align_ce_rows(float *x, int64_t R, int64_t V, int64_t ld, const int64_t *y, 
         jobs[w] = (Job){x, y, R * w / n, R * (w + 1) / n, V, ld, z, (int)(grad != 0), lse, ce, ent};
     return align_run_workers(run_rows, jobs, sizeof(Job), n);
 }
+
+/* out[r] = sum_v a[r, v] * b[r, v], 16 lanes folded pairwise, the tail in order. The torch rows' entropy dot
+   <p, logits> (fused_ce._chunk_stats): torch's batched dot ran as a batch of GEMVs at ~2.5 GB/s, 10% of a tiny SFT
+   step (docs/MEASUREMENTS.md, ladder, session 14); this reads both rows once at memory speed. */
+typedef struct {
+    const float *a, *b;
+    int64_t r0, r1, V, lda, ldb;
+    float *out;
+} DotJob;
+
+static void *run_dots(void *arg) {
+    const DotJob *j = (const DotJob *)arg;
+    for (int64_t r = j->r0; r < j->r1; r++) {
+        const float *a = j->a + r * j->lda, *b = j->b + r * j->ldb;
+        vf acc[NV16] = {{0}};
+        int64_t v = 0;
+        for (; v + 16 <= j->V; v += 16)
+            for (int h = 0; h < NV16; h++) acc[h] += loadv(a + v + h * VL) * loadv(b + v + h * VL);
+        float s = fold16(acc);
+        for (; v < j->V; v++) s += a[v] * b[v];
+        j->out[r] = s;
+    }
+    return NULL;
+}
+
+int align_row_dots(const float *a, const float *b, int64_t R, int64_t V, int64_t lda, int64_t ldb, int64_t threads,
+                   float *out) {
+    DotJob jobs[ALIGN_MAX_WORKERS];
+    const int64_t n = align_workers(threads, R);
+    for (int64_t w = 0; w < n; w++) jobs[w] = (DotJob){a, b, R * w / n, R * (w + 1) / n, V, lda, ldb, out};
+    return align_run_workers(run_dots, jobs, sizeof(DotJob), n);
+}

@@ -102,7 +102,7 @@ class MistralModel(nn.Module):
     def __init__(self, cfg: MistralConfig, attn: AttentionConfig = AttentionConfig()):
         super().__init__()
         self.config = cfg
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, padding_idx=cfg.pad_token_id)
+        self.embed_tokens = _embedding(cfg.vocab_size, cfg.hidden_size, cfg.pad_token_id)
         self.layers = nn.ModuleList(self.layer_cls(cfg, i, attn) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -198,6 +198,16 @@ class _MistralBase(nn.Module):
 
     def tie_weights(self) -> None:
         """Re-point tied parameters after a move or materialisation (no-op without tied weights)."""
+
+
+def _embedding(num: int, dim: int, padding_idx: int | None) -> nn.Embedding:
+    """nn.Embedding, without its default init when built on the meta device (checkpoint loading): torch's meta
+    `normal_` loads Python decompositions on first use, ~1.1 s of every process that loads a checkpoint, for values
+    that are never real. Elsewhere the default init runs as before (it draws from the RNG that init_weights follows)."""
+    weight = torch.empty(num, dim)
+    if weight.device.type != "meta":
+        return nn.Embedding(num, dim, padding_idx=padding_idx)
+    return nn.Embedding(num, dim, padding_idx=padding_idx, _weight=weight)
 
 
 class MistralForCausalLM(_MistralBase):

@@ -35,6 +35,10 @@ class PpoLossConfig:
     # the policy's forward and backward (the critic still trains on them): the same gradient (policy_rows);
     # "train": every row goes through the policy
     zero_gradient_rows: Literal["skip", "train"] = "skip"
+    # the head's row passes (align.kernels.fused_ce.use_native), in the training forward and the pi_old scoring
+    # alike, so that the two agree bit for bit: "torch" (GRPO's default; the recipe PPO's gains were measured
+    # with), "native" in C, "auto" = C on a CPU where it builds, else torch
+    kernel: Literal["auto", "native", "torch"] = "torch"
 
     def __post_init__(self):
         for name in ("clip", "value_clip"):
@@ -45,6 +49,8 @@ class PpoLossConfig:
                 raise ValueError(f"PpoLossConfig.{name} must be >= 0, got {getattr(self, name)!r}")
         if self.chunk_size < 1:
             raise ValueError(f"PpoLossConfig.chunk_size must be >= 1, got {self.chunk_size!r}")
+        if self.kernel not in ("auto", "native", "torch"):
+            raise ValueError(f"PpoLossConfig.kernel must be 'auto', 'native' or 'torch', got {self.kernel!r}")
         if self.zero_gradient_rows not in ("skip", "train"):
             raise ValueError(f"PpoLossConfig.zero_gradient_rows must be 'skip' or 'train', got "
                              f"{self.zero_gradient_rows!r}")

@@ -96,7 +96,7 @@ class PpoTrainModule(GrpoTrainModule):
                  critic_head: RmHeadConfig = RmHeadConfig()):
         # GRPO's view of the loss config: only its scoring path is used (pi_old through the same head kernel)
         scoring = GrpoLossConfig(clip_low=loss_cfg.clip, clip_high=loss_cfg.clip, rho_cap=None, fused=False,
-                                 chunk_size=loss_cfg.chunk_size, head_dtype=loss_cfg.head_dtype)
+                                 chunk_size=loss_cfg.chunk_size, head_dtype=loss_cfg.head_dtype, kernel=loss_cfg.kernel)
         super().__init__(model, cfg, scoring, temperature, constant_length=1, total_steps=total_steps, seed=seed,
                          client=client, health=health)
         self.ppo_loss, self.ppo, self.critic = loss_cfg, ppo, critic
@@ -148,7 +148,8 @@ class PpoTrainModule(GrpoTrainModule):
         cfg, mask, comp = self.ppo_loss, batch["loss_mask"], batch["completion_mask"]
         hidden, targets, real = completion_rows(model, batch)
         hidden, weight = head_inputs(hidden, model.lm_head.weight, self.head_dtype)
-        logp_flat, ent_flat = tempered_token_logprobs(hidden, weight, targets, self.temperature, cfg.chunk_size)
+        logp_flat, ent_flat = tempered_token_logprobs(hidden, weight, targets, self.temperature, cfg.chunk_size,
+                                                      self.native)  # the scorer's kernel: pi_old agrees bitwise
         logp, entropy = unflatten(logp_flat, real), unflatten(ent_flat, real)
         adv, old = batch["token_advantages"], self._old_logprobs(batch, logp)  # pi_old (or this forward's)
         per_token, clipped, ratio = policy_per_token(logp, old, adv, cfg.clip)

@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 
+from align.kernels import ce_rows
 from align.ppo.entropy import token_entropy
 from align.ppo.loss import PpoLossConfig, policy_rows, value_per_token
 from align.ppo.rewards import reward_model_scorer, token_rewards
@@ -21,6 +22,9 @@ from align.train.train_module import AccumInfo, StepOutcome
 from align.train.trainer import Trainer, TrainerConfig
 from align.utils.tracking import read_history
 from ppo_fixtures import SHAPE, make_ppo
+
+
+needs_native = pytest.mark.skipif(not ce_rows.available(), reason="no C compiler to build csrc/ce_rows.c")
 
 
 def train_window(module, window):
@@ -245,11 +249,12 @@ ONE_WINDOW = RolloutShape(prompts=4, samples=4, max_new_tokens=4, num_minibatche
                           truncated="keep")
 
 
-def test_one_window_without_kl_in_the_reward_takes_pi_old_from_its_own_forward(tmp_path):
+@pytest.mark.parametrize("kernel", ["torch", pytest.param("native", marks=needs_native)])
+def test_one_window_without_kl_in_the_reward_takes_pi_old_from_its_own_forward(tmp_path, kernel):
     calls = []
     for ppo, from_forward in ((PpoConfig(kl_beta=0.0), True), (PpoConfig(kl_beta=0.1, kl_in="loss"), True),
                               (PpoConfig(kl_beta=0.1, kl_in="reward"), False)):
-        module, _, source = make_ppo(tmp_path, ppo=ppo, shape=ONE_WINDOW)
+        module, _, source = make_ppo(tmp_path, ppo=ppo, shape=ONE_WINDOW, loss=PpoLossConfig(kernel=kernel))
         scored = module.score
         source.old_scorer = lambda batch: calls.append(1) or scored(batch)
         calls.clear()
@@ -262,7 +267,8 @@ def test_one_window_without_kl_in_the_reward_takes_pi_old_from_its_own_forward(t
             explicit = module.loss(module.model, {**{k: v for k, v in mb.items() if k != "old_from_forward"},
                                                   "old_logprobs": scored(mb)})
             assert own.loss.item() == pytest.approx(explicit.loss.item(), rel=1e-6, abs=1e-7)
-            assert own.sums["ratio_abs_log_sum"] == 0
+            # the scorer and the training forward run the same head kernel: the same bits, a ratio of exactly 1
+            assert own.sums["ratio_abs_log_sum"] == 0 and explicit.sums["ratio_abs_log_sum"] == 0
     _, _, _, rows = fit(tmp_path, "run", 3, ppo=PpoConfig(kl_beta=0.0), shape=ONE_WINDOW)
     assert [r["applied"] for r in rows] == [1, 1, 1]  # the version check holds after every applied step
 

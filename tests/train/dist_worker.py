@@ -30,7 +30,7 @@ torch.set_num_threads(1)
 
 from align.exceptions import HaltError  # noqa: E402
 from align.train.callbacks import Callback  # noqa: E402
-from align.utils.dist import exit_process, init_distributed, rank, world_size  # noqa: E402
+from align.utils.dist import barrier, exit_process, init_distributed, rank, world_size  # noqa: E402
 from train_helpers import FiniteLoader, ListLoader, build_sft, sft_windows, weights  # noqa: E402
 
 ACCUM = 2
@@ -108,6 +108,9 @@ def mode_sigterm(out: Path, name: str, at_step: int, victim: int):
     t = trainer(out / name, max_steps=8, checkpoint_every=3, fault=fault)
     code = t.fit()
     record(out, name, code, t.step)
+    # NOTE: torchrun SIGTERMs the other workers once one exits non-zero; without this barrier a rank that exits
+    # first (143) can get its peer killed before that peer has recorded its own outcome (seen once under load)
+    barrier()
     exit_process(code)
 
 

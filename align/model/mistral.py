@@ -204,10 +204,9 @@ def _embedding(num: int, dim: int, padding_idx: int | None) -> nn.Embedding:
     """nn.Embedding, without its default init when built on the meta device (checkpoint loading): torch's meta
     `normal_` loads Python decompositions on first use, ~1.1 s of every process that loads a checkpoint, for values
     that are never real. Elsewhere the default init runs as before (it draws from the RNG that init_weights follows)."""
-    weight = torch.empty(num, dim)
-    if weight.device.type != "meta":
+    if torch.get_default_device().type != "meta":
         return nn.Embedding(num, dim, padding_idx=padding_idx)
-    return nn.Embedding(num, dim, padding_idx=padding_idx, _weight=weight)
+    return nn.Embedding(num, dim, padding_idx=padding_idx, _weight=torch.empty(num, dim))
 
 
 class MistralForCausalLM(_MistralBase):

@@ -45,7 +45,7 @@ from align.train.rng import capture_rng_state, restore_rng_state
 from align.train.train_module import AccumInfo, StepOutcome, TrainModule, resolve_replicated
 from align.utils.dist import all_reduce_sum, broadcast_object, gather_object, is_rank0, pg_timeout_s, rank, \
     set_pg_timeout, world_size
-from align.utils.heap import freeze_heap
+from align.utils.heap import frozen_heap
 from align.utils.tracking import MetricsHistory
 
 
@@ -105,10 +105,9 @@ class Trainer:
         self.history.truncate_after(self.step)  # a resume replays the steps after its checkpoint
         for cb in self.callbacks:
             cb.on_fit_start(self)
-        freeze_heap()
         code = None
         try:
-            with StopSignals() as signals:
+            with StopSignals() as signals, frozen_heap():
                 code = self._loop(signals, time.monotonic())
         finally:
             for cb in self.callbacks:

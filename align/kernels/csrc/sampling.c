@@ -22,9 +22,10 @@
 #include "simd.h"
 #include "workers.h"
 
-/* a call splits its rows into jobs of at least this many (a row of 32k logits is ~10-30 us of work; a thread
-   start costs about as much as one) */
-#define MIN_ROWS_PER_WORKER 4
+/* a call splits its rows into jobs of at least this many. Measured (Intel Xeon, idle, 32k-token rows, ~19 us each on
+   one thread; docs/MEASUREMENTS.md, ladder, session 14): 2 threads on 8 rows were 5-18% slower than one (the
+   thread start), on 16 rows 8-26% faster, on 32-160 rows 1.4-1.9x faster. */
+#define MIN_ROWS_PER_WORKER 8
 
 static float row_max(const float *x, int64_t V, int64_t *first) {
     const float m = row_maxv(x, V);

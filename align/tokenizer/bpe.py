@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from itertools import chain
 
 from align.exceptions import ArtifactError
-from align.tokenizer.bpe_merge import ID_MASK, build_table, merge
+from align.tokenizer.bpe_merge import ID_MASK, build_table, merge, merge_traced
 
 SPACE_MARK = "\u2581"
 # A chunk: a run of ▁ with the non-▁ characters after it, or non-▁ characters at the start of a pre-token.
@@ -89,6 +89,16 @@ class BpeModel:
         get = self._cache.get
         word_ids = self.word_ids
         return list(chain.from_iterable([get(c) or word_ids(c) for c in self._chunk_re.findall(word)]))
+
+    def trace(self, word: str, built: set[int]) -> list[int]:
+        """`tokenize(word)` uncached, adding to `built` every symbol the merge loop holds on the way (its initial
+        symbols and each merge result): what a trimmed vocabulary must keep to encode `word` alike
+        (align.tokenizer.trim). The chunk cut is exact, so tracing chunks traces the word."""
+        if self._whole is not None and (whole := self._whole.get(word)) is not None:
+            built.add(whole)
+            return [whole]
+        chunks = self._chunk_re.findall(word) if self._chunk_re is not None else [word]
+        return list(chain.from_iterable(merge_traced(self._initial_ids(c), self._table, built) for c in chunks))
 
     def word_ids(self, word: str) -> tuple[int, ...]:
         """Ids of `word` merged as a standalone word (cached). A word is never empty, nor is its tuple."""

@@ -59,6 +59,21 @@ def merge_scan(ids: list[int], table: MergeTable) -> list[int]:
             return ids
 
 
+def merge_traced(ids: list[int], table: MergeTable, built: set[int]) -> list[int]:
+    """`merge_scan`'s order (lowest rank, leftmost on ties) on a copy of `ids`, adding every symbol it holds to
+    `built` (vocabulary trimming; not on the encode path)."""
+    ids = list(ids)
+    built.update(ids)
+    get = table.get
+    while len(ids) > 1:
+        best, i = min((get(a << ID_BITS | b, _NO_MERGE), k) for k, (a, b) in enumerate(zip(ids, ids[1:])))
+        if best == _NO_MERGE:
+            break
+        ids[i:i + 2] = [best & ID_MASK]
+        built.add(best & ID_MASK)
+    return ids
+
+
 def merge_heap(ids: list[int], table: MergeTable) -> list[int]:
     n = len(ids)
     if n < 2:

@@ -109,6 +109,10 @@ class Tokenizer:
 
     # ---- vocabulary ----------------------------------------------------------------------------------------
 
+    @property
+    def bpe(self) -> BpeModel:
+        return self._bpe
+
     def token_to_id(self, token: str) -> int | None:
         return self._token_to_id.get(token)
 

@@ -36,7 +36,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from align.exceptions import ArtifactError
-from align.tokenizer.bpe_merge import ID_BITS, ID_MASK, MergeTable
 from align.tokenizer.tokenizer import MISTRAL_V03, Tokenizer, resolve_tokenizer_dir
 from align.utils.fsio import atomic_write_bytes, publish_dir, sha256_file, staging_dir
 
@@ -52,40 +51,17 @@ class TrimResult:
     corpus_pieces: int  # distinct final pieces of the corpus
 
 
-def traced_merge(ids: list[int], table: MergeTable, seen: set[int]) -> list[int]:
-    """`bpe_merge.merge_scan`'s order (lowest rank, leftmost on ties), adding every symbol it holds to `seen`."""
-    ids = list(ids)
-    seen.update(ids)
-    while len(ids) > 1:
-        ranks = [table.get(a << ID_BITS | b) for a, b in zip(ids, ids[1:])]
-        candidates = [(v, i) for i, v in enumerate(ranks) if v is not None]
-        if not candidates:
-            break
-        value, i = min(candidates)
-        ids[i:i + 2] = [value & ID_MASK]
-        seen.add(value & ID_MASK)
-    return ids
-
-
 def corpus_closure(tok: Tokenizer, texts: Iterable[str]) -> tuple[set[int], set[int]]:
     """(every symbol the base BPE builds on `texts`, the final pieces) for plain text (no specials parsed)."""
-    bpe = tok._bpe
-    seen: set[int] = set()
+    built: set[int] = set()
     finals: set[int] = set()
     done: set[str] = set()
     for text in texts:
         for word in tok.pre_tokenize(text):
-            whole = bpe._whole.get(word) if bpe._whole is not None else None
-            if whole is not None:
-                seen.add(whole)
-                finals.add(whole)
-                continue
-            # the chunk cut is exact (bpe.py): a merge never crosses it, so tracing chunks traces the word
-            for chunk in (bpe._chunk_re.findall(word) if bpe._chunk_re is not None else [word]):
-                if chunk not in done:
-                    done.add(chunk)
-                    finals.update(traced_merge(bpe._initial_ids(chunk), bpe._table, seen))
-    return seen, finals
+            if word not in done:
+                done.add(word)
+                finals.update(tok.bpe.trace(word, built))
+    return built, finals
 
 
 def trim_spec(base_spec: dict, base: Tokenizer, texts: Iterable[str],
@@ -96,8 +72,8 @@ def trim_spec(base_spec: dict, base: Tokenizer, texts: Iterable[str],
     missing = [c for c in controls if base.token_to_id(c) is None]
     if missing:
         raise ArtifactError(f"{base.source}: the controls {missing} are not tokens of this vocabulary")
-    seen, finals = corpus_closure(base, texts)
-    keep = set(seen) | {base.token_to_id(c) for c in controls}
+    built, finals = corpus_closure(base, texts)
+    keep = set(built) | {base.token_to_id(c) for c in controls}
     keep |= {vocab[f"<0x{b:02X}>"] for b in range(256) if f"<0x{b:02X}>" in vocab}
     if model.get("unk_token") is not None:
         keep.add(vocab[model["unk_token"]])

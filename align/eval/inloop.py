@@ -123,7 +123,7 @@ def build_inloop_eval(cfg: InLoopEvalConfig, runs: Path, tok, module, total_step
     if client is None:
         if engine_model is None:
             raise ValueError("build_inloop_eval: give the sampler (client) or the model to copy (engine_model)")
-        client = NativeRolloutClient(engine_copy(engine_model))
+        client = NativeRolloutClient(engine_copy(engine_model), vocab_limit=tok.vocab_size)
         sync = lambda: client.update_weights(full_weights(module.model))  # noqa: E731
     return InLoopEval(cfg, total_steps, client, task, len(prompts), lambda: module.model, solutions, sync)
 

@@ -44,17 +44,24 @@ class EngineStats:
 
 
 class Engine:
-    def __init__(self, model: torch.nn.Module, config: EngineConfig = EngineConfig()):
+    def __init__(self, model: torch.nn.Module, config: EngineConfig = EngineConfig(), vocab_limit: int | None = None):
+        """`vocab_limit`: the tokenizer's vocabulary size. A head padded past it (OLMoE-1B-7B: 50,304 rows for 50,280
+        tokens) has rows with no piece; ids at and above the limit are never sampled (their logits are -inf before
+        sampling, so log-probs are over the tokenizer's ids, as vLLM does). None, or a limit at or above the model's
+        vocab_size, masks nothing."""
         self.config = config
         self.model = model  # not .eval(): a model shared with a trainer keeps its mode (nothing here depends on it)
         mcfg = model.config
         self.max_model_len = config.max_model_len or mcfg.max_position_embeddings
         self.vocab_size = mcfg.vocab_size
+        if vocab_limit is not None and vocab_limit < 1:
+            raise ValueError(f"Engine: vocab_limit must be a positive vocabulary size, got {vocab_limit}")
+        self.vocab_limit = min(vocab_limit or mcfg.vocab_size, mcfg.vocab_size)
         num_blocks = config.num_blocks or self._auto_num_blocks(mcfg)
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.block_manager)
         self.runner = ModelRunner(model, num_blocks, config.block_size, config.batch_invariant, config.linear_kernel,
-                                  config.cpu_kernels)
+                                  config.cpu_kernels, self.vocab_limit)
         self.weight_version = 0
         self._weights_stamp = self._stamp()
         self.stats = EngineStats()

@@ -45,9 +45,10 @@ class StepInputs:
 
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, num_blocks: int, block_size: int, batch_invariant: bool = True,
-                 linear_kernel: str = "auto", cpu_kernels: str = "auto"):
+                 linear_kernel: str = "auto", cpu_kernels: str = "auto", vocab_limit: int | None = None):
         cfg = model.config
         self.model = model
+        self.vocab_limit = vocab_limit or cfg.vocab_size  # logits at and above it are -inf (Engine's docstring)
         self.block_size = block_size
         self.batch_invariant = batch_invariant
         self.trash_slot = num_blocks * block_size  # an extra block no sequence owns: padding rows write there
@@ -174,6 +175,8 @@ class ModelRunner:
         # the tiny profile) is larger than the caches, and each matmul streams all of it from memory.
         for chunk in hidden.split(REFERENCE_ROWS):
             logits = self.decoder.head(chunk, self._logits_buffer(chunk.shape[0]))  # (rows, V) fp32
+            if self.vocab_limit < logits.shape[1]:
+                logits[:, self.vocab_limit:] = float("-inf")  # padded head rows: no piece to decode
             for sub in range(0, min(logits.shape[0], len(seqs) - lo), SAMPLE_CHUNK_ROWS):
                 rows = slice(lo + sub, min(lo + sub + SAMPLE_CHUNK_ROWS, len(seqs)))
                 tok, lp, mlp = sample(logits[sub:sub + rows.stop - rows.start], params.rows(rows),

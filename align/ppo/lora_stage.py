@@ -130,7 +130,8 @@ def inloop_eval(cfg, runs: Path, tok, module, total_steps: int, lora: LoraConfig
     if lora is None or not cfg.every:
         return build_inloop_eval(cfg, runs, tok, module, total_steps, engine_model=engine_model)
     copy = engine_copy(module.model)
-    client = lora_client(NativeRolloutClient(copy if lora.engine_sync == "adapters" else merge(copy)), lora)
+    client = lora_client(NativeRolloutClient(copy if lora.engine_sync == "adapters" else merge(copy),
+                                             vocab_limit=tok.vocab_size), lora)
     callback = build_inloop_eval(cfg, runs, tok, module, total_steps, client=client)
     callback.sync = lambda: client.update_weights(full_weights(module.model))  # as build_inloop_eval's own copy
     return callback

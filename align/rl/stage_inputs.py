@@ -45,7 +45,7 @@ def open_rl_stage(cfg, task: str) -> RlStageInputs:
     prompts = ShardSet.open(runs / cfg.data.prompts, kind="prompts", tokenizer_hash=tok.content_hash)
     heldout = ShardSet.open(runs / cfg.data.eval, kind="prompts", tokenizer_hash=tok.content_hash)
     client = make_rollout_client(cfg.rollout, load_checkpoint(start, dtype=DTYPES[cfg.data.engine_dtype],
-                                                               device=device()))
+                                                               device=device()), vocab_limit=tok.vocab_size)
     lora = getattr(cfg, "lora", None)
     client = lora_client(client, lora)  # with [lora]: pushes the adapters (or merged weights, engine_sync)
     return RlStageInputs(runs, run_dir, start, tok, prompts, heldout, client)

@@ -22,8 +22,9 @@ from align.rollout.protocol import RolloutBatch, RolloutMetrics, RolloutRequest,
 
 
 class NativeRolloutClient:
-    def __init__(self, model: torch.nn.Module, config: EngineConfig = EngineConfig(), seed: int = 0):
-        self.engine = Engine(model, config)
+    def __init__(self, model: torch.nn.Module, config: EngineConfig = EngineConfig(), seed: int = 0,
+                 vocab_limit: int | None = None):
+        self.engine = Engine(model, config, vocab_limit)  # vocab_limit: the tokenizer's size (Engine)
         self.seed = seed
         self._pending: dict[int, list[RolloutRequest]] = {}
         self._next_ticket = 0

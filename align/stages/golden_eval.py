@@ -81,7 +81,7 @@ def eval_set_hash(problems) -> str:
 def golden_pass(cfg: GoldenEvalStageConfig, model, tok, problems, ckpt_hash: str, root: Path) -> tuple[dict, dict]:
     """(golden.json record, receipt section). A fresh engine: the decode must not depend on earlier requests."""
     params = SamplingParams(temperature=0.0, max_new_tokens=cfg.golden.max_new_tokens)
-    decoded = decode(Engine(model, cfg.engine), tok, problems[: cfg.golden.prompts], params)
+    decoded = decode(Engine(model, cfg.engine, tok.vocab_size), tok, problems[: cfg.golden.prompts], params)
     samples = [{"id": d.problem.id, "prompt_sha256": sha256_bytes(json.dumps(d.problem.prompt_ids).encode()),
                 "text": d.text, "tokens": len(d.token_ids)} for d in decoded]
     record = golden_record(cfg.stage, ckpt_hash, samples, host_label())
@@ -104,7 +104,7 @@ def publish(out: Path, records: list[dict], golden: dict, inputs: dict) -> None:
 
 def judged_passes(cfg: GoldenEvalStageConfig, model, tok, problems) -> tuple[dict, list[dict], float]:
     """The greedy and sampled passes on one engine: (metrics, samples.jsonl rows, decode tokens/s)."""
-    engine = Engine(model, cfg.engine)
+    engine = Engine(model, cfg.engine, tok.vocab_size)
     greedy_set = problems[: cfg.greedy.max_examples or None]
     greedy = [judge(d) for d in decode(engine, tok, greedy_set, SamplingParams(
         temperature=0.0, max_new_tokens=cfg.greedy.max_new_tokens))]

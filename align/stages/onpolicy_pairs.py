@@ -142,7 +142,7 @@ def main() -> int:
     tok = load_tokenizer(policy)
     problems = problems_of(pairs, tok, source)
     model = load_checkpoint(policy, dtype=DTYPES[cfg.data.dtype], device=device())
-    engine = Engine(model, cfg.engine)
+    engine = Engine(model, cfg.engine, tok.vocab_size)
     judged, sample_rows = sample_and_judge(engine, tok, problems, cfg.pairs, cfg.run.seed)
     choices = [choose_pair(p, s, cfg.pairs) for p, s in zip(pairs, judged)]
     metrics = summarise(choices, [s for group in judged for s in group])

@@ -29,20 +29,26 @@ from align.tokenizer.post_processors import build_post_processor
 from align.tokenizer.pre_tokenizers import build_pre_tokenizer
 
 MISTRAL_V03 = "mistral-7b-v0.3"
-VENDORED_DIR = Path(__file__).resolve().parents[2] / "assets" / "tokenizer" / MISTRAL_V03
+VENDORED_ROOT = Path(__file__).resolve().parents[2] / "assets" / "tokenizer"
+VENDORED_DIR = VENDORED_ROOT / MISTRAL_V03
 
 
 @dataclass(frozen=True)
 class TokenizerConfig:
     """Which tokenizer to load and how much the word cache may hold."""
 
-    path: str = MISTRAL_V03  # a directory holding tokenizer.json, or "mistral-7b-v0.3" for the vendored copy
+    # a directory holding tokenizer.json, or the name of a vendored one under assets/tokenizer/ ("mistral-7b-v0.3";
+    # "mistral-7b-v0.3-tiny", its vocabulary trimmed to the bundled corpus by align.tokenizer.trim)
+    path: str = MISTRAL_V03
     cache: BpeCacheConfig = BpeCacheConfig()
 
 
 def resolve_tokenizer_dir(path_or_name: str | Path | None) -> Path:
     if path_or_name is None or str(path_or_name) == MISTRAL_V03:
         return VENDORED_DIR
+    name = str(path_or_name)
+    if "/" not in name and (VENDORED_ROOT / name / "tokenizer.json").is_file():
+        return VENDORED_ROOT / name
     path = Path(path_or_name)
     return path.parent if path.name == "tokenizer.json" else path
 

@@ -130,3 +130,18 @@ def test_a_trim_that_fails_its_check_publishes_nothing(tmp_path, monkeypatch, ca
     assert main(["--corpus", str(CORPUS[1]), "--out", str(out)]) == 2
     assert "differs" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_vendored_tiny_tokenizer_is_the_trim_of_the_bundle(tmp_path):
+    """assets/tokenizer/mistral-7b-v0.3-tiny is what the trim command gives today: a change to the bundle's text
+    that needs another piece fails here (regenerate with the command in its README)."""
+    vendored = VENDORED_DIR.parent / "mistral-7b-v0.3-tiny"
+    record = json.loads((vendored / "TRIM.json").read_text())
+    root = Path(__file__).resolve().parents[2]
+    corpus = [root / p for p in record["corpus"]]
+    assert {p: trim_mod.sha256_file(root / p) for p in record["corpus"]} == record["corpus"]
+    assert main(["--corpus", *map(str, corpus), "--out", str(tmp_path / "t")]) == 0
+    assert (tmp_path / "t" / "tokenizer.json").read_bytes() == (vendored / "tokenizer.json").read_bytes()
+    assert (tmp_path / "t" / "tokenizer_config.json").read_bytes() == (vendored / "tokenizer_config.json").read_bytes()
+    tok = Tokenizer.from_pretrained("mistral-7b-v0.3-tiny")  # the vendored name resolves like the base's
+    assert tok.vocab_size == record["vocab_size"] == 555

@@ -122,7 +122,9 @@ def test_sft_continues_from_the_pretrained_checkpoint(root, tmp_path):
     from align.stages import sft
 
     pre = tmp_path / "pretrain_checkpoint"
-    assert pretrain(root, pre, "train.max_steps=24") == 0
+    # the smoke SFT below runs the full Mistral v0.3 vocabulary; the tiny pretrain config runs the trimmed one
+    assert pretrain(root, pre, "train.max_steps=24", "tokenizer.path=mistral-7b-v0.3",
+                    "model.init.vocab_size=32768") == 0
     rows = [{"prompt": f"Mia has {i} shells and finds {i % 7} more. How many?",
              "response": f"{i} + {i % 7} = {i + i % 7}.\nThe answer is \\boxed{{{i + i % 7}}}."} for i in range(40)]
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "sft.parquet")

@@ -1,7 +1,7 @@
 """Vocabulary trimming: a tokenizer.json that keeps the pieces a corpus uses, renumbered densely.
 
 Why: a tiny model's compute is dominated by its head (32,768 x hidden for Mistral v0.3), while the bundled task
-uses ~100 of those pieces. A model over the trimmed vocabulary spends its FLOPs on the trunk, and the tokenizer it
+uses 130 of those pieces. A model over the trimmed vocabulary spends its FLOPs on the trunk, and the tokenizer it
 runs is still the real one on the corpus: the same pieces, in the same order, only with other ids.
 
 What is kept, in the base tokenizer's id order (so `<unk>`, `<s>`, `</s>`, `[INST]`, ... keep their ids):
@@ -85,18 +85,19 @@ def trim_spec(base_spec: dict, base: Tokenizer, texts: Iterable[str],
                                if m[0] in kept_tokens and m[1] in kept_tokens and m[0] + m[1] in kept_tokens]
     spec["added_tokens"] = [dict(t, id=new_id[t["id"]]) for t in base_spec.get("added_tokens", [])
                             if t["content"] in controls]
-    spec["post_processor"] = _renumber_post_processor(spec.get("post_processor"), new_id)
+    _renumber_post_processor(spec.get("post_processor"), new_id)
     return TrimResult(spec=spec, new_id=new_id, corpus_pieces=len(finals))
 
 
-def trimmed_tokenizer_config(base_config: dict, new_id: dict[int, int]) -> dict:
-    """tokenizer_config.json for the trimmed vocabulary: `added_tokens_decoder` renumbered, dropped ones left out."""
+def trimmed_tokenizer_config(base_config: dict, result: TrimResult) -> dict:
+    """tokenizer_config.json for the trimmed vocabulary: `added_tokens_decoder` holds the trimmed spec's added
+    tokens under their new ids."""
     config = copy.deepcopy(base_config)
     decoder = base_config.get("added_tokens_decoder")
     if isinstance(decoder, dict):
-        config["added_tokens_decoder"] = {str(new_id[int(k)]): v for k, v in decoder.items() if int(k) in new_id
-                                          and v.get("content") in CHAT_CONTROLS}
-    config["model_max_length"] = base_config.get("model_max_length")
+        kept = {t["content"] for t in result.spec["added_tokens"]}
+        config["added_tokens_decoder"] = {str(result.new_id[int(k)]): v for k, v in decoder.items()
+                                          if v.get("content") in kept}
     return config
 
 
@@ -104,11 +105,11 @@ def check_trim(base: Tokenizer, trimmed: Tokenizer, new_id: dict[int, int], text
     """Every text encodes to the base pieces renumbered, and decodes back; returns how many texts were checked."""
     n = 0
     for n, text in enumerate(texts, 1):
-        want = [new_id[i] for i in base.encode(text)]
+        base_ids = base.encode(text)
         got = trimmed.encode(text)
-        if got != want:
+        if got != [new_id[i] for i in base_ids]:
             raise ArtifactError(f"trimmed tokenizer differs from {base.source} on text {n}: {text[:80]!r}")
-        if trimmed.decode(got) != base.decode(base.encode(text)):
+        if trimmed.decode(got) != base.decode(base_ids):
             raise ArtifactError(f"trimmed tokenizer decodes text {n} differently: {text[:80]!r}")
     return n
 
@@ -117,16 +118,14 @@ def _merge_pairs(raw: list) -> list[list[str]]:
     return [item.split(" ") if isinstance(item, str) else list(item) for item in raw]
 
 
-def _renumber_post_processor(proc: dict | None, new_id: dict[int, int]) -> dict | None:
-    """TemplateProcessing's special_tokens carry ids; a Sequence holds processors."""
+def _renumber_post_processor(proc: dict | None, new_id: dict[int, int]) -> None:
+    """In place (on the spec's copy): TemplateProcessing's special_tokens carry ids; a Sequence holds processors."""
     if not isinstance(proc, dict):
-        return proc
-    proc = copy.deepcopy(proc)
+        return
     for sub in proc.get("processors") or []:
-        sub.update(_renumber_post_processor(sub, new_id) or {})
+        _renumber_post_processor(sub, new_id)
     for entry in (proc.get("special_tokens") or {}).values():
         entry["ids"] = [new_id[i] for i in entry.get("ids", [])]
-    return proc
 
 
 def dumps(spec: dict) -> bytes:
@@ -193,7 +192,7 @@ def _write_directory(stage: Path, base_dir: Path, result: TrimResult) -> None:
     atomic_write_bytes(stage / "tokenizer.json", dumps(result.spec))
     config_path = base_dir / "tokenizer_config.json"
     if config_path.is_file():
-        config = trimmed_tokenizer_config(json.loads(config_path.read_text(encoding="utf-8")), result.new_id)
+        config = trimmed_tokenizer_config(json.loads(config_path.read_text(encoding="utf-8")), result)
         atomic_write_bytes(stage / "tokenizer_config.json", (json.dumps(config, indent=2) + "\n").encode())
     for name in ("special_tokens_map.json", "chat_template.jinja"):
         if (base_dir / name).is_file():

@@ -1,4 +1,4 @@
-"""The PPO critic's values. The critic itself is `align.train.rm_module.critic_from_policy` (the reward model's
+"""The PPO critic's values. The critic itself is `align.reward.rm_module.critic_from_policy` (the reward model's
 start: a `MistralForValueHead` on the start checkpoint's trunk, lm_head dropped, a fresh score head from a seeded
 generator), so PPO's critic and the reward model begin the same way.
 

@@ -5,13 +5,13 @@ Per rollout, after the samples are drawn and scored by CompositeReward:
     1. old_logprobs: the training policy at the rollout's weights, for every row (the PPO ratio's pi_old and the
        KL's logp); old_values: the critic's values at the same weights (the value clip's anchor, GAE's baseline);
        ref_logprobs: the frozen reference (when [ppo] kl_beta > 0)
-    2. per-token rewards (align.ppo.rewards): the score at the last token, minus beta * (logp - ref) on every
+    2. per-token rewards (align.rl.ppo.rewards): the score at the last token, minus beta * (logp - ref) on every
        token when kl_in = "reward"
-    3. GAE over the completion tokens (align.ppo.gae): token_advantages, returns; advantages whitened over the
+    3. GAE over the completion tokens (align.rl.ppo.gae): token_advantages, returns; advantages whitened over the
        rollout's loss tokens, every rank's together, when [gae] whiten_advantages
     (with a reward model, its score of every row, times [reward] model_weight, joins the score first; with a
     process reward model, its per-step rewards at each step's last token join the per-token rewards,
-    align.ppo.process_rewards)
+    align.rl.ppo.process_rewards)
     4. epochs x num_minibatches windows (align.rl.assembly.plan_windows); the first `critic_warmup_rollouts`
        rollouts' micro-batches carry `critic_only` (the module then trains the critic alone)
 Every training row is scored by pi_old before the first step when the KL is in the reward (the advantages need
@@ -32,9 +32,9 @@ from typing import Callable
 
 import torch
 
-from align.ppo.gae import GaeConfig, gae, scale_negatives, whiten
-from align.ppo.rewards import token_rewards
-from align.ppo.stage_config import PpoConfig
+from align.rl.ppo.gae import GaeConfig, gae, scale_negatives, whiten
+from align.rl.ppo.rewards import token_rewards
+from align.rl.ppo.stage_config import PpoConfig
 from align.rl.advantages import AdvantageConfig
 from align.rl.assembly import assemble, plan_windows, row_lengths, select_rows, window_seed
 from align.rl.batch_source import GrpoBatchSource, PromptSet, Scorer, attach_stats
@@ -64,7 +64,7 @@ class PpoBatchSource(GrpoBatchSource):
                          world_size=world_size)
         self.ppo, self.gae_cfg, self.value_scorer, self.world_size = ppo, gae_cfg, value_scorer, world_size
         self.reward_model, self.reward_model_weight = reward_model, reward_model_weight
-        self.process_reward = process_reward  # (N, C) per-token rewards of a PRM (align.ppo.process_rewards)
+        self.process_reward = process_reward  # (N, C) per-token rewards of a PRM (align.rl.ppo.process_rewards)
 
     def _rollout(self) -> list[list[dict]]:
         t0 = time.perf_counter()

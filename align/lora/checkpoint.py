@@ -12,7 +12,7 @@ its content hash; a superseded run's checkpoints move aside together with it). R
 stage's base directory and the adapters from the step, after checking that the base's content hash is the recorded
 one: a changed base is one CheckpointError naming both, never a silent resume on other weights. A checkpoint
 written before this layout (model/ holds the full state dict, no lora_base.json) still resumes through the family's
-format. What a stage publishes is not this: `final/` is the merged HF checkpoint (align.ppo.lora_stage)."""
+format. What a stage publishes is not this: `final/` is the merged HF checkpoint (align.lora.stage)."""
 
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ from safetensors.torch import load_file, save_file
 
 from align.exceptions import CheckpointError
 from align.model.checkpoint import checkpoint_content_hash
-from align.model.hf_config import save_hf_config
-from align.ppo.lora import ADAPTER_KEYS, LoraConfig
+from align.model.config_io import save_hf_config
+from align.lora.adapters import ADAPTER_KEYS, LoraConfig
 from align.train.ckpt_format import WeightFormat, weight_format_for
 
 ADAPTERS_FILE = "adapters.safetensors"
@@ -44,7 +44,7 @@ class LoraWeightFormat(WeightFormat):
     def write(self, model, weights: dict[str, torch.Tensor], out_dir: Path, **kwargs) -> Path:
         if kwargs:
             raise TypeError(f"LoraWeightFormat writes step checkpoints only (got {sorted(kwargs)}); a stage publishes "
-                            f"through align.ppo.lora_stage.publish_final")
+                            f"through align.lora.stage.publish_final")
         adapters = {k: v.detach().contiguous().cpu() for k, v in weights.items() if k.endswith(ADAPTER_KEYS)}
         if not adapters:
             raise ValueError("LoraWeightFormat: the state dict has no LoRA adapters")

@@ -10,7 +10,7 @@ A completion with no token gets no reward (there is no position to carry it, and
 
 With a reward model ([reward] model, a Bradley-Terry critic from the `rm_checkpoint` rung), s_i = the composite
 reward's total + model_weight * the model's score of prompt + completion (`reward_model_scorer`: the score head on
-the last real token, align.train.rm_module.sequence_rewards, as the model was trained)."""
+the last real token, align.reward.rm_module.sequence_rewards, as the model was trained)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from align.train.rm_module import sequence_rewards
+from align.reward.rm_module import sequence_rewards
 
 
 def token_rewards(scores: torch.Tensor, mask: torch.Tensor, logp: torch.Tensor, ref_logp: torch.Tensor | None,

@@ -45,7 +45,7 @@ class LoraConfig:
     # a Linear is wrapped when its qualified name equals an entry or ends with "." + entry (peft's rule)
     target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
     save_adapter: bool = False  # a stage also publishes the adapter alone, in peft's layout, under final/adapter/
-    # how a sampler of the policy (GRPO/PPO rollouts, the in-loop Engine) follows it (align.ppo.lora_stage):
+    # how a sampler of the policy (GRPO/PPO rollouts, the in-loop Engine) follows it (align.lora.stage):
     # "adapters": the engine holds the base once and runs base(x) + (x A^T)(s B)^T, a sync moves the adapters only;
     # "merged": the engine holds a plain model and every sync sends W + s B A for every wrapped weight
     engine_sync: str = "adapters"

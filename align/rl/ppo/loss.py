@@ -17,7 +17,7 @@ from typing import Literal
 
 import torch
 
-from align.ppo.gae import masked_mean
+from align.rl.ppo.gae import masked_mean
 from align.rl.grpo_loss import clipped_surrogate, policy_ratio
 
 
@@ -28,7 +28,7 @@ class PpoLossConfig:
     clip: float = 0.2  # eps of the policy ratio
     value_clip: float = 0.2  # c: how far V may move from the rollout's values before its loss stops moving it
     value_coef: float = 0.1
-    entropy_coef: float = 0.0  # > 0: the entropy's gradient is formed by align.ppo.entropy (one more head pass)
+    entropy_coef: float = 0.0  # > 0: the entropy's gradient is formed by align.rl.ppo.entropy (one more head pass)
     chunk_size: int = 1024  # completion tokens per logits chunk in the head
     head_dtype: Literal["float32", "bfloat16"] = "float32"  # the LM head's GEMM operands (logits stay fp32)
     # "skip": rows whose every loss token has advantage 0 (the wrong samples under [gae] negative_scale = 0) skip

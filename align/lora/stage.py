@@ -4,16 +4,16 @@ A stage config holds `lora: LoraConfig | None = None`; with the table present th
 1. `maybe_lora(model, cfg.lora)` right after building the policy and before its TrainModule, so the optimizer is
    built over the adapters only (align.train.optim takes parameters with requires_grad);
 2. `Trainer(..., weight_format=lora_weight_format(cfg.lora, module.model, base, run_dir))`
-   (align.ppo.lora_checkpoint): a step checkpoint's `model/` holds the adapters and names the frozen base by path
+   (align.lora.checkpoint): a step checkpoint's `model/` holds the adapters and names the frozen base by path
    and content hash (the base is never copied per step; a from-scratch base is written once per run), resume reads
    the base back from it after checking the hash;
 3. `publish_final(trainer, cfg.lora, final, ...)`: `final/` is the MERGED ordinary HF checkpoint (W + B A alpha/r,
-   align.ppo.lora.merge_state_dict), its round trip checked bitwise against the merged weights as the Trainer checks
+   align.lora.adapters.merge_state_dict), its round trip checked bitwise against the merged weights as the Trainer checks
    its own, plus, with `save_adapter = true`, the adapter alone in peft's layout under `final/adapter/` (written
    before the manifest, so the manifest lists it and `final/` appears whole or not at all);
 4. samplers of the policy (GRPO's and PPO's rollout engine, the SFT/DPO in-loop Engine), `[lora] engine_sync`:
    - "adapters" (the default), `AdapterWeightsClient`: the engine holds a LoRA-wrapped copy of the frozen base, whose
-     panels it packs once, and runs base(x) + (x A^T)(s B)^T in its decode step (align.inference.lora_decode); a sync
+     panels it packs once, and runs base(x) + (x A^T)(s B)^T in its decode step (align.lora.decode); a sync
      sends only the adapter tensors (Engine.load_adapters), the base is checked equal to the policy's once, at the
      first push. Cost per sync: the adapters' bytes and their few-kB repack (bench/lora_push.py); per decode step,
      two thin products per fused projection (r columns).
@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from align.eval.inloop import build_inloop_eval, engine_copy, full_weights
-from align.ppo.lora import (ADAPTER_KEYS, LoraConfig, apply_lora, lora_layers, merge, merge_state_dict,
+from align.lora.adapters import (ADAPTER_KEYS, LoraConfig, apply_lora, lora_layers, merge, merge_state_dict,
                             peft_adapter_state, save_adapter_state, trainable_parameters)
 from align.rollout.native import NativeRolloutClient
 from align.utils.dist import broadcast_object, is_rank0
@@ -152,7 +152,7 @@ def publish_final(trainer, lora: LoraConfig | None, out_dir: str | os.PathLike, 
 
 def _publish_merged(trainer, lora: LoraConfig, weights: dict, final: Path, base_model: str | None,
                     kwargs: dict) -> Path:
-    from align.eval.roundtrip import check_published
+    from align.model.roundtrip import check_published
 
     merged = merge_state_dict(weights, lora.scaling)
     tmp = staging_dir(final)  # final.partial-<pid>: cleaned by the next writer if this process dies

@@ -8,11 +8,11 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from align.eval.inloop_config import InLoopEvalConfig
-from align.ppo.gae import GaeConfig
-from align.ppo.lora import LoraConfig
-from align.ppo.loss import PpoLossConfig
+from align.rl.ppo.gae import GaeConfig
+from align.lora.adapters import LoraConfig
+from align.rl.ppo.loss import PpoLossConfig
 from align.profile import CommonConfig
-from align.rl.canary import CanaryConfig
+from align.eval.canary import CanaryConfig
 from align.rl.curriculum import CurriculumConfig
 from align.rl.rewards import RewardConfig
 from align.rl.stage_config import DynamicSamplingConfig, GrpoDataConfig, RolloutShape
@@ -21,7 +21,7 @@ from align.rollout.protocol import RolloutConfig
 from align.tokenizer import TokenizerConfig
 from align.train.optim import OptimizerConfig
 from align.train.parallel import ParallelConfig
-from align.train.rm_module import RmHeadConfig
+from align.reward.rm_module import RmHeadConfig
 from align.train.schedulers import SchedulerConfig
 from align.train.trainer import TrainerConfig
 
@@ -58,7 +58,7 @@ class PpoRewardConfig(RewardConfig):
 
     model: str = ""  # a reward model under <runs> (the `rm_checkpoint` rung: "rm_checkpoint/final"); "": none
     model_weight: float = 1.0  # total = CompositeReward's total + model_weight * the model's score
-    # a process reward model under <runs> (MistralForProcessReward, align.train.rm_process); "": none. Its reward
+    # a process reward model under <runs> (MistralForProcessReward, align.reward.rm_process); "": none. Its reward
     # process_weight * (2 sigmoid(logit) - 1) at the last token of every step (line) joins the per-token rewards
     process_model: str = ""
     process_weight: float = 1.0
@@ -93,7 +93,7 @@ class PpoStageConfig(CommonConfig):
     critic_head: RmHeadConfig = field(default_factory=RmHeadConfig)  # the value head's lr = critic lr x lr_scale
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)  # the policy's schedule
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
-    lora: LoraConfig | None = None  # [lora] (align.ppo.lora_stage): the policy trains adapters, the critic does not
+    lora: LoraConfig | None = None  # [lora] (align.lora.stage): the policy trains adapters, the critic does not
 
     def __post_init__(self):
         if self.reward.kl_coef > 0:

@@ -1,5 +1,5 @@
-"""`PpoTrainModule`: PPO with a separate critic on the TrainModule seam. The formulas are align.ppo.loss (clipped
-surrogate, clipped value loss, entropy bonus) and align.ppo.gae (in the batch source); this file wires them to the
+"""`PpoTrainModule`: PPO with a separate critic on the TrainModule seam. The formulas are align.rl.ppo.loss (clipped
+surrogate, clipped value loss, entropy bonus) and align.rl.ppo.gae (in the batch source); this file wires them to the
 policy, the critic, the sampler's weights and the run's health state.
 
 Three distributions (seed 000): the reference is frozen (scored by the batch source, never trained); the training
@@ -14,7 +14,7 @@ Per micro-batch (one sum over its loss tokens; the Trainer divides by the step's
         + kl_beta * k3(logp_t, ref_t)                             (only when [ppo] kl_in = "loss")
 A row whose advantages are 0 on every loss token (a wrong sample under [gae] negative_scale = 0) adds nothing to the
 policy's terms when there is no entropy bonus and no KL in the loss: with `[loss] zero_gradient_rows = "skip"` (the
-default) it skips the policy's forward and backward (align.ppo.loss.policy_rows) and trains the critic only; the
+default) it skips the policy's forward and backward (align.rl.ppo.loss.policy_rows) and trains the critic only; the
 logged entropy, ratio and advantage means then cover the forwarded rows.
 The critic's parameters are disjoint from the policy's, so one backward fills both; each has its own optimizer
 and gradient clip. The critic has a constant learning rate (its own [critic_optimizer] table); its fresh value head
@@ -46,7 +46,7 @@ GRPO's health state; a sharded critic's in each rank's module state, below); the
 are the Trainer's as for every module.
 
 Several ranks: the policy is wrapped as every TrainModule's (DDP or FSDP2, [parallel]), and every value goes
-through `critic_net` (align.ppo.critic), rank 0's critic weights broadcast first. Under FSDP2 the critic is sharded
+through `critic_net` (align.rl.ppo.critic), rank 0's critic weights broadcast first. Under FSDP2 the critic is sharded
 the same way (`fully_shard` per decoder block and its own root unit; its gradient sync follows the window like the
 policy's, its reduce-scatter averages the gradients): each rank holds 1/N of its weights, gradients and Adam state,
 and a checkpoint keeps each rank's shard in that rank's own module-state file (`state_dict`; nothing of it is
@@ -65,10 +65,10 @@ import math
 import torch
 from torch import nn
 
-from align.ppo.critic import critic_net
-from align.ppo.entropy import token_entropy
-from align.ppo.loss import PpoLossConfig, policy_per_token, policy_rows, value_per_token
-from align.ppo.stage_config import PpoConfig
+from align.rl.ppo.critic import critic_net
+from align.rl.ppo.entropy import token_entropy
+from align.rl.ppo.loss import PpoLossConfig, policy_per_token, policy_rows, value_per_token
+from align.rl.ppo.stage_config import PpoConfig
 from align.rl.assembly import check_layout, select_rows
 from align.rl.grpo_loss import GrpoLossConfig, k3_kl
 from align.rl.grpo_module import GrpoTrainModule, rollout_metrics, row_counts
@@ -77,7 +77,7 @@ from align.rl.tripwires import GrpoHealth
 from align.train.grad_norm import clip_grads_, global_grad_norm
 from align.train.optim import OptimizerConfig, make_optimizer
 from align.train.parallel import grad_sync
-from align.train.rm_module import RmHeadConfig, split_head_group
+from align.reward.rm_module import RmHeadConfig, split_head_group
 from align.train.schedulers import lr_multiplier
 from align.train.train_module import REPLICATED, AccumInfo, LossOutput, StepMetrics, StepOutcome, TrainModule, \
     TrainModuleConfig, full_state_dict, load_local_state_dict, local_state_dict, localize, rewrap_dtensor_state, \
@@ -134,7 +134,7 @@ class PpoTrainModule(GrpoTrainModule):
 
     def _policy_terms(self, model: nn.Module, batch: dict) -> tuple[torch.Tensor, dict]:
         """The policy's per-token terms (B, C) and sums; with `[loss] zero_gradient_rows = "skip"` only the rows
-        that carry a policy gradient go through the policy (align.ppo.loss.policy_rows), the others' terms are 0."""
+        that carry a policy gradient go through the policy (align.rl.ppo.loss.policy_rows), the others' terms are 0."""
         rows = policy_rows(batch, self.ppo_loss, self.ppo) if self.ppo_loss.zero_gradient_rows == "skip" else None
         if rows is None:
             return self._policy_terms_of(model, batch)

@@ -24,8 +24,8 @@ from align.exceptions import CheckpointError
 from align.kernels.fused_dpo import stack_arms
 from align.model.checkpoint import load_weights_into, resolve_checkpoint_dir
 from align.model.family import family_of_config
-from align.model.hf_config import load_hf_config
-from align.train.rm_loss import RmLossConfig, rm_loss
+from align.model.config_io import load_hf_config
+from align.reward.rm_loss import RmLossConfig, rm_loss
 from align.train.pair_module import SCORE_ONLY, PairTrainModule
 from align.train.train_module import LossOutput, TrainModuleConfig
 

@@ -1,5 +1,5 @@
 """PPO's per-token process rewards from a process reward model ([reward] process_model: a MistralForProcessReward
-trained by align.train.rm_process on step-labelled solutions, e.g. align.ppo.step_labels' rule-labelled ones).
+trained by align.reward.rm_process on step-labelled solutions, e.g. align.reward.step_labels' rule-labelled ones).
 
 A step is a line of the completion (the bundled task writes one step per line, and rm_process encodes a solution as
 its steps joined by newlines). Completion token k ends a step when it is step text (not a newline token, not EOS)
@@ -7,7 +7,7 @@ and the next token starts a new line, or it is the completion's last text token:
 puts a step's label (the token before the newline; the reply's last text token, not `</s>`). There the reward is
 the PRM's centred belief that the step is right,
     r_k = weight * (2 * sigmoid(logit_k) - 1)          in (-weight, +weight)
-and 0 on every other token; PpoBatchSource adds it to the outcome and KL rewards (align.ppo.rewards) before GAE,
+and 0 on every other token; PpoBatchSource adds it to the outcome and KL rewards (align.rl.ppo.rewards) before GAE,
 so a false step is charged where it was written instead of only at the end. Centred so that a PRM that cannot tell
 (p = 0.5) adds nothing, and a confident "right" is worth as much as a confident "wrong" costs; a PRM's rewards
 still grow with the number of steps (a known bias of dense step rewards: a short solution of right steps earns less

@@ -11,7 +11,7 @@ from typing import Iterator
 import torch
 
 from align.exceptions import ArtifactError
-from align.train.rm_process import EncodedSteps, collate_steps
+from align.reward.rm_process import EncodedSteps, collate_steps
 
 
 def rows_digest(rows: list[EncodedSteps]) -> str:

@@ -1,9 +1,9 @@
-"""Step-labelled records (align.data.schema.StepLabelled, what align.train.rm_process trains a PRM on) derived from
+"""Step-labelled records (align.data.schema.StepLabelled, what align.reward.rm_process trains a PRM on) derived from
 worked solutions of the bundled arithmetic task, labelled by rule instead of by people.
 
 The bundled task writes one step per line ("12 + 7 = 19.", then "The answer is \\boxed{19}.", align.data.mathtask),
 which is rm_process's encoding of a solution (its steps joined by newlines). A line is rated
-    -1  when it writes an `a op b = c` that is false (align.rl.step_check), or a box whose answer is not the gold
+    -1  when it writes an `a op b = c` that is false (align.verify.step_check), or a box whose answer is not the gold
         (align.eval.verifier);
     +1  when every equation it writes is true, or its box holds the gold;
      0  otherwise (no equation, no box: nothing to check; rm_process's `neutral` decides what that means).
@@ -18,7 +18,7 @@ from typing import Iterable
 
 from align.data.schema import PreferencePair, StepLabelled
 from align.eval.verifier import score
-from align.rl.step_check import equations, false_steps
+from align.verify.step_check import equations, false_steps
 from align.verify import DEFAULT_CONFIG, extract
 
 

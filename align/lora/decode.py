@@ -1,7 +1,7 @@
 """LoRA adapters in the engine's decode step: base(x) + (x A^T)(s B)^T, never merged into the base.
 
-A LoRA policy's sampler holds a LoRA-wrapped copy of the base (align.ppo.lora_stage.AdapterWeightsClient): its
-projections are `align.ppo.lora.LoraLinear`, whose `.weight` is the frozen base, so `FusedDecoder` packs the base
+A LoRA policy's sampler holds a LoRA-wrapped copy of the base (align.lora.stage.AdapterWeightsClient): its
+projections are `align.lora.adapters.LoraLinear`, whose `.weight` is the frozen base, so `FusedDecoder` packs the base
 panels once as for any model, and a weight sync writes only the adapter tensors. Each fused product (q/k/v, o,
 gate/up, down) with adapters gets two thin products of its own on the decoder's kernel:
 
@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from align.inference.row_invariance import chunked
 from align.kernels import linear as native_linear
-from align.ppo.lora import LoraLinear
+from align.lora.adapters import LoraLinear
 
 
 @dataclass

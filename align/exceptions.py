@@ -1,7 +1,27 @@
-"""Shared error types. Input errors carry what a user needs to fix the input: the file, key or row, and
-what was expected. Halts carry the exit code the supervisor contract (align.exit_codes) assigns to them."""
+"""Shared error types and the process exit codes they map to. Input errors carry what a user needs to fix the input:
+the file, key or row, and what was expected. Halts carry their exit code; align.exit_codes is the runner that turns
+an exception into that code (and the HALT marker).
+
+HALT codes are verdicts about the run, not the host: a supervisor must not relaunch them."""
 
 from __future__ import annotations
+
+OK = 0
+BAD_INPUT = 2
+TRIPWIRE_HALT = 80
+NONFINITE_HALT = 81
+WALL_BUDGET = 82
+PREFLIGHT_REFUSED = 83
+
+HALT_CODES = frozenset({TRIPWIRE_HALT, NONFINITE_HALT, WALL_BUDGET})
+
+NAMES = {
+    TRIPWIRE_HALT: "tripwire halt",
+    NONFINITE_HALT: "non-finite / skip-cap halt",
+    WALL_BUDGET: "wall budget spent",
+    PREFLIGHT_REFUSED: "preflight refused",
+    BAD_INPUT: "bad input",
+}
 
 
 class AlignInputError(Exception):
@@ -40,6 +60,4 @@ class PreflightRefused(ExitCodeError):
     """The host is not fit for a heavy job now (memory, disk, load, lock held). Exit 83."""
 
     def __init__(self, message: str):
-        from align.exit_codes import PREFLIGHT_REFUSED
-
         super().__init__(message, PREFLIGHT_REFUSED)

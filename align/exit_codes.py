@@ -1,4 +1,5 @@
-"""The trainer <-> supervisor contract: exit codes, the HALT marker, and the wrapper every stage entry point uses.
+"""The trainer <-> supervisor contract: the HALT marker, and the wrapper every stage entry point uses (the exit codes
+themselves are defined beside the errors in align.exceptions and re-exported here).
 
 HALT codes are verdicts about the run, not the host: a supervisor must not relaunch them. Because torchrun reports
 1 for any worker failure, the verdict is also written to `<run_dir>/HALT.json` before the process exits."""
@@ -13,26 +14,13 @@ import traceback
 from pathlib import Path
 from typing import Callable, NoReturn
 
-from align.exceptions import AlignInputError, ExitCodeError
+from align.exceptions import (BAD_INPUT, HALT_CODES, NAMES, NONFINITE_HALT, OK, PREFLIGHT_REFUSED, TRIPWIRE_HALT,
+                               WALL_BUDGET, AlignInputError, ExitCodeError)
 from align.utils.fsio import atomic_write_json
 
-OK = 0
-BAD_INPUT = 2
-TRIPWIRE_HALT = 80
-NONFINITE_HALT = 81
-WALL_BUDGET = 82
-PREFLIGHT_REFUSED = 83
+# OK .. NAMES above are re-exported: callers of the supervisor contract read the codes from here.
 
-HALT_CODES = frozenset({TRIPWIRE_HALT, NONFINITE_HALT, WALL_BUDGET})
 HALT_MARKER = "HALT.json"
-
-NAMES = {
-    TRIPWIRE_HALT: "tripwire halt",
-    NONFINITE_HALT: "non-finite / skip-cap halt",
-    WALL_BUDGET: "wall budget spent",
-    PREFLIGHT_REFUSED: "preflight refused",
-    BAD_INPUT: "bad input",
-}
 
 
 def write_halt_marker(run_dir: str | os.PathLike, code: int, reason: str) -> Path:

@@ -28,7 +28,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from align.inference.fused_layers import native_unsupported, onednn_linear, onednn_pack
+from align.inference.product_kernels import native_unsupported, onednn_linear, onednn_pack
 from align.kernels import linear as native_linear
 from align.model.checkpoint import DTYPES
 

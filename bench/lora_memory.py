@@ -1,4 +1,4 @@
-"""Peak RSS and seconds per optimizer step of SFT full fine-tuning vs LoRA (align.ppo.lora), beside peft's LoRA on
+"""Peak RSS and seconds per optimizer step of SFT full fine-tuning vs LoRA (align.lora.adapters), beside peft's LoRA on
 the transformers model of the same shape and weights when peft is installed. Prints ONE JSON line.
 
 Shape: bench/sft_throughput.py's (Mistral vocab 32768, hidden 256, 4 layers, 8/2 heads, ffn 768, fp32); batch
@@ -45,7 +45,7 @@ def _model(mode: str, seq: int):
         model = peft.get_peft_model(base, cfg)
         return lambda ids: model(input_ids=ids).logits, model
     from align.model import MistralConfig, MistralForCausalLM
-    from align.ppo.lora import LoraConfig, apply_lora
+    from align.lora.adapters import LoraConfig, apply_lora
 
     torch.manual_seed(0)
     model = MistralForCausalLM(MistralConfig(**SHAPE, head_dim=SHAPE["hidden_size"] // SHAPE["num_attention_heads"],

@@ -1,5 +1,5 @@
 """CPU seconds of one GRPO weight push with `[lora]` beside the same push of a plain policy, for both ways a sampler
-can follow a LoRA policy (align.ppo.lora_stage): "merged" (MergedWeightsClient: W + B A alpha/r merged into every
+can follow a LoRA policy (align.lora.stage): "merged" (MergedWeightsClient: W + B A alpha/r merged into every
 push of every wrapped weight, the engine holds a plain model) and "adapters" (AdapterWeightsClient: the engine holds
 the base once and runs base(x) + (x A^T)(s B)^T, a push moves the adapter tensors only); and the decode step each
 engine then runs. Prints ONE JSON line.
@@ -56,8 +56,8 @@ def main() -> None:
     import torch
 
     from align.model import MistralConfig, MistralForCausalLM
-    from align.ppo.lora import LoraConfig, apply_lora, lora_layers, merge_state_dict
-    from align.ppo.lora_stage import AdapterWeightsClient, MergedWeightsClient
+    from align.lora.adapters import LoraConfig, apply_lora, lora_layers, merge_state_dict
+    from align.lora.stage import AdapterWeightsClient, MergedWeightsClient
     from align.rollout.native import NativeRolloutClient
 
     torch.set_num_threads(args.threads)

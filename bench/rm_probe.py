@@ -31,7 +31,7 @@ from align.data.store import ShardSet  # noqa: E402
 from align.stages.pair_data import split_rows  # noqa: E402
 from align.stages.ref_cache import tokenizer_hash  # noqa: E402
 from align.tokenizer import TokenizerConfig  # noqa: E402
-from align.train.rm_module import critic_from_policy, last_token_index  # noqa: E402
+from align.reward.rm_module import critic_from_policy, last_token_index  # noqa: E402
 
 POSITIONS = ("eos", "pre_eos", "mean")
 

@@ -1,7 +1,7 @@
 """In-loop held-out evaluation for every training stage: a user sees learning while it happens.
 
 Every `every` optimizer steps (and at the last step) the callback measures, on a small fixed held-out set:
-- `eval/accuracy`: greedy verifier-judged accuracy of the live weights (align.rl.canary.evaluate through an Engine),
+- `eval/accuracy`: greedy verifier-judged accuracy of the live weights (align.eval.canary.evaluate through an Engine),
 - `eval/nll`: the teacher-forced mean NLL per token of the same problems' gold worked solutions (an SFT-kind shard
   set built from the held-out split), i.e. how likely the policy still finds the demonstrations,
 as history columns, NaN on the other steps (every history row keeps one column set). `pipeline/report.py` draws
@@ -27,8 +27,8 @@ from align.data.collate import collate
 from align.data.store import ShardSet
 from align.eval.inloop_config import InLoopEvalConfig
 from align.eval.verifier import score
-from align.rl.prompts import PromptSet
-from align.rl.canary import EvalTask, evaluate
+from align.eval.prompts import PromptSet
+from align.eval.canary import EvalTask, evaluate
 from align.rollout.native import NativeRolloutClient
 from align.train.callbacks import Callback
 from align.train.sft_loss import SftLossConfig, sft_loss

@@ -26,7 +26,7 @@ from align.inference.config import EngineConfig
 from align.inference.model_runner import ModelRunner
 from align.inference.scheduler import Scheduler
 from align.inference.sequence import GenerationRequest, GenerationResult, Sequence, derive_seed
-from align.ppo.lora import ADAPTER_KEYS
+from align.lora.adapters import ADAPTER_KEYS
 
 
 @dataclass
@@ -190,12 +190,12 @@ class Engine:
                           "load_weights")  # both names of a tied weight
 
     def load_adapters(self, state_dict: dict[str, torch.Tensor], version: int | None = None) -> int:
-        """`load_weights` for a LoRA model (align.ppo.lora.apply_lora): the keys are exactly its adapter tensors
+        """`load_weights` for a LoRA model (align.lora.adapters.apply_lora): the keys are exactly its adapter tensors
         (`<module>.lora_A.weight` / `.lora_B.weight`, all of them); the frozen base is not touched, so its packed
-        copies are not rebuilt (only the adapters', align.inference.lora_decode)."""
+        copies are not rebuilt (only the adapters', align.lora.decode)."""
         params = {k: p for k, p in self.model.named_parameters() if k.endswith(ADAPTER_KEYS)}
         if not params:
-            raise ValueError("load_adapters: the engine's model has no LoRA adapters (align.ppo.lora.apply_lora)")
+            raise ValueError("load_adapters: the engine's model has no LoRA adapters (align.lora.adapters.apply_lora)")
         return self._load(state_dict, params, version, "load_adapters")
 
     @torch.no_grad()

@@ -41,16 +41,14 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from align.inference import lora_decode
-from align.inference.config import LINEAR_KERNELS
+from align.inference.dense_decode import DenseMlp
+from align.inference.product_kernels import onednn_linear, onednn_pack, resolve_linear_kernel
 from align.inference.row_invariance import REFERENCE_ROWS, agreeing_counts, chunked, padder
+from align.inference.sparse_decode import SparseMlp
 from align.kernels import linear as native_linear
-from align.kernels import native
+from align.lora import decode as lora_decode
 from align.model.family import family_of_model
 from align.model.layers import apply_rope
-
-PACK_ROWS_HINT = 16  # oneDNN's batch-size hint when packing (AMD EPYC: invariant rows for m >= 2 with it; 1 is worse)
-
 
 @dataclass
 class _Fused:
@@ -67,109 +65,18 @@ def _sources(layer) -> tuple[torch.Tensor, ...]:
     return (a.q_proj.weight, a.k_proj.weight, a.v_proj.weight, a.o_proj.weight)
 
 
-class DenseMlp:
-    """Mistral's SwiGLU MLP: gate/up fused into one product, silu(gate) * up the down product's prologue."""
-
-    qk_norm = False
-    lora_mlp = True  # its gate/up/down are nn.Linear: LoRA adapters on them run in the decode step (lora_decode)
-
-    @staticmethod
-    def product_shapes(dec: "FusedDecoder") -> list[tuple[str, int, int]]:
-        """(name, out, in) of the products it runs through the decoder's kernels (the row-count probe's)."""
-        return [("gate_up", 2 * dec.ffn, dec.hidden), ("down", dec.hidden, dec.ffn)]
-
-    @staticmethod
-    def sources(layer) -> tuple[torch.Tensor, ...]:
-        m = layer.mlp
-        return m.gate_proj.weight, m.up_proj.weight, m.down_proj.weight
-
-    @staticmethod
-    def build(dec: "FusedDecoder", src) -> dict:
-        return {"wgu": dec._prepare(torch.cat(src[:2])), "wdown": dec._prepare(src[2])}
-
-    @staticmethod
-    def run(dec: "FusedDecoder", i: int, hidden: torch.Tensor) -> torch.Tensor:
-        norm = dec.layers[i].post_attention_layernorm
-        gu = dec.normed_linear(norm, hidden, dec.fused[i].wgu)  # (N, 2F)
-        adapters = dec.adapters[i]
-        if adapters:
-            gu = lora_decode.add(dec, adapters["gu"], hidden, gu, norm=norm)
-        if dec._native_fp32(gu, None):
-            wd = dec.fused[i].wdown
-            out = chunked(lambda c, r: native_linear.linear(c, wd, residual=r, swiglu=True), gu, hidden)
-            return lora_decode.add(dec, adapters["down"], gu, out, swiglu=True) if adapters else out
-        act = F.silu(gu[:, :dec.ffn]) * gu[:, dec.ffn:]
-        out = dec.linear_add(act, dec.fused[i].wdown, hidden)
-        return lora_decode.add(dec, adapters["down"], act, out) if adapters else out
-
-
 # Per family (align.model.family): what the decode step runs after attention, and whether q/k are normed.
-def _decode_blocks() -> dict:
-    from align.inference.sparse_decode import SparseMlp  # imports this module's kernels: resolved at first use
-
-    return {"mistral": DenseMlp, "olmoe": SparseMlp}
+DECODE_BLOCKS = {"mistral": DenseMlp, "olmoe": SparseMlp}
 
 
 def _stamp(tensors) -> tuple:
     return tuple((t._version, t.data_ptr()) for t in tensors)
 
 
-def onednn_can_run(weight: torch.Tensor) -> bool:
-    """oneDNN on a CPU, fp32 anywhere it is built, bf16 only where its bf16 path runs (AVX-512 BW/VL/DQ or
-    AVX-NE-CONVERT: on an AVX2-only host the weight reorder raises)."""
-    if weight.device.type != "cpu" or not torch.backends.mkldnn.is_available():
-        return False
-    if weight.dtype == torch.bfloat16:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    return weight.dtype == torch.float32
-
-
-def native_unsupported(weight: torch.Tensor) -> str | None:
-    """Why the native C kernel cannot multiply by weights like `weight` (None: it can)."""
-    if weight.device.type != "cpu" or weight.dtype != torch.float32:
-        return f"it takes float32 weights on a CPU, the model is {weight.dtype} on {weight.device}"
-    try:
-        native_linear.lib()
-    except native.NativeUnavailable as err:
-        return str(err)
-    return None
-
-
-def resolve_linear_kernel(kernel: str, weight: torch.Tensor) -> str:
-    """The kernel to run on weights like `weight`: "auto" -> "native" for fp32 on a CPU where it builds, else
-    "onednn" where it can run (bf16 on a CPU), else "torch". Raises if an explicit choice cannot run."""
-    if kernel not in LINEAR_KERNELS:
-        raise ValueError(f"EngineConfig.linear_kernel must be one of {LINEAR_KERNELS}, got {kernel!r}")
-    if kernel == "auto":
-        if native_unsupported(weight) is None:
-            return "native"
-        return "onednn" if onednn_can_run(weight) else "torch"
-    if kernel == "native":
-        why = native_unsupported(weight)
-        if why is not None:
-            raise ValueError(f"linear_kernel 'native' cannot run here: {why}")
-    if kernel == "onednn" and not onednn_can_run(weight):
-        raise ValueError(f"linear_kernel 'onednn' needs float32 or bfloat16 weights on a CPU and a torch built with "
-                         f"oneDNN (bf16: a CPU with oneDNN's bf16 path); the model is {weight.dtype} on "
-                         f"{weight.device} (mkldnn available: {torch.backends.mkldnn.is_available()}, bf16 "
-                         f"supported: {bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())})")
-    return kernel
-
-
-def onednn_pack(w: torch.Tensor) -> torch.Tensor:
-    """w (out, in) -> oneDNN's packed copy for `onednn_linear`."""
-    return torch.ops.mkldnn._reorder_linear_weight(w.detach().contiguous(), PACK_ROWS_HINT)
-
-
-def onednn_linear(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
-    """x (N, in) @ w.T on a weight made by `onednn_pack`."""
-    return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
-
-
 class FusedDecoder:
     def __init__(self, model: torch.nn.Module, kernel: str = "auto"):
         self.kernel = resolve_linear_kernel(kernel, model.lm_head.weight)  # "torch" or "onednn"
-        self.block = _decode_blocks()[family_of_model(model).name]
+        self.block = DECODE_BLOCKS[family_of_model(model).name]
         self.layers = model.model.layers
         self.lm_head = model.lm_head
         cfg = model.config

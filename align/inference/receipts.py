@@ -14,7 +14,8 @@ import os
 from math import prod
 
 from align.model.checkpoint import checkpoint_content_hash, resolve_checkpoint_dir
-from align.model.hf_config import CONFIG_FILE, load_hf_config
+from align.model.hf_config import CONFIG_FILE
+from align.model.config_io import load_hf_config
 from align.model.safetensors_io import read_header, weight_map
 
 

@@ -4,13 +4,18 @@ depends on the other rows of the batch."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 
-from align.inference.fused_layers import FusedDecoder, native_unsupported
+from align.inference.product_kernels import native_unsupported
 from align.inference.row_invariance import chunked
 from align.kernels import linear as native_linear
 from align.model.moe import combine, gather_rows, route, router_compute_dtype, sort_by_expert, unsort_rows
+
+if TYPE_CHECKING:
+    from align.inference.fused_layers import FusedDecoder
 
 
 class SparseMlp:
@@ -28,7 +33,7 @@ class SparseMlp:
     Values equal the model's forward up to the kernels' rounding, as for the dense path."""
 
     qk_norm = True
-    lora_mlp = False  # the experts are stacked 3-D weights, not nn.Linear (align.ppo.lora refuses them as targets)
+    lora_mlp = False  # the experts are stacked 3-D weights, not nn.Linear (align.lora.adapters refuses them as targets)
 
     @staticmethod
     def product_shapes(dec: FusedDecoder) -> list[tuple[str, int, int]]:

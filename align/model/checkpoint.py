@@ -23,7 +23,8 @@ import torch
 from align.exceptions import ArtifactError, CheckpointError
 from align.model.attention import AttentionConfig
 from align.model.family import family_of_config, family_of_model
-from align.model.hf_config import CONFIG_FILE, MistralConfig, load_hf_config, save_hf_config
+from align.model.hf_config import CONFIG_FILE, MistralConfig
+from align.model.config_io import load_hf_config, save_hf_config
 from align.model.mistral import MistralForCausalLM, MistralForProcessReward
 from align.model.safetensors_io import FLOAT_DTYPES, hash_tensors, read_header, read_into, weight_map, write_weights
 from align.utils.fsio import publish_dir, staging_dir

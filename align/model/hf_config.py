@@ -178,35 +178,3 @@ def read_config_json(dir_or_file: str | os.PathLike) -> tuple[dict, Path]:
     if not isinstance(data, dict):
         raise CheckpointError(f"{path}: config.json must hold a JSON object")
     return data, path
-
-
-def load_hf_config(dir_or_file: str | os.PathLike):
-    """Read `config.json` with the reader of the family its `model_type` names (align.model.family)."""
-    from align.model.family import family_of_config_dict  # NOTE: local import: family imports every family's model
-
-    data, path = read_config_json(dir_or_file)
-    return config_from_hf_dict(data, str(path), family_of_config_dict(data, str(path)).spec)
-
-
-def hf_config_dict(cfg, *, architecture: str = "MistralForCausalLM", dtype: str = "float32",
-                   extra: dict | None = None) -> dict:
-    """The `config.json` content transformers writes for this architecture (rope in both spellings)."""
-    from align.model.family import family_of_config
-
-    spec = family_of_config(cfg).spec
-    data = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in spec.not_written}
-    data.update(spec.written)
-    data.update({
-        "architectures": [architecture], "model_type": spec.model_type,
-        "rope_parameters": {"rope_theta": cfg.rope_theta, "rope_type": "default"}, "dtype": dtype,
-        "use_cache": True,
-    })
-    data.update(extra or {})
-    return dict(sorted(data.items()))
-
-
-def save_hf_config(cfg, dir: str | os.PathLike, **kwargs) -> Path:
-    """Write `dir/config.json` atomically. kwargs: see `hf_config_dict`."""
-    path = Path(dir) / CONFIG_FILE
-    atomic_write_json(path, hf_config_dict(cfg, **kwargs))
-    return path

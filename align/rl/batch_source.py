@@ -41,7 +41,7 @@ from align.inference.sequence import derive_seed
 from align.rl.advantages import AdvantageConfig, group_advantages, zero_variance
 from align.rl.assembly import assemble, plan_windows, row_lengths, select_rows, window_seed
 from align.rl.curriculum import PromptCurriculum
-from align.rl.prompts import PromptSet  # also imported from here by the stages and tests
+from align.eval.prompts import PromptSet  # also imported from here by the stages and tests
 from align.rl.rewards import CompositeReward
 from align.rl.stage_config import DynamicSamplingConfig, RolloutShape
 from align.rl.step_credit import StepCreditConfig, step_advantages

@@ -64,7 +64,7 @@ class GrpoLossConfig:
     # The head's per-row passes (max, exp sums, entropy, d logp / d logits), in both heads and the reference scorer:
     # "native" in C (align.kernels.ce_rows, the SFT head's rows), "auto" = C on a CPU where it builds, "torch" =
     # torch ops. The default stays "torch" (configs/tiny/grpo.toml sets "auto"); PPO passes its own `[loss] kernel`
-    # here, for its pi_old scoring, and to its training forward (align.ppo.module): both must give the same bits.
+    # here, for its pi_old scoring, and to its training forward (align.rl.ppo.module): both must give the same bits.
     kernel: Literal["auto", "native", "torch"] = "torch"
     # "skip": rows whose loss and gradient are exactly 0 (advantage 0 without a KL term, or no loss token) stay out
     # of the training forward / backward, counted in the normaliser and the row statistics all the same

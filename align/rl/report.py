@@ -23,7 +23,7 @@ from typing import Callable
 
 from align.data.store import ShardSet
 from align.eval.inloop import verifier_task
-from align.rl.canary import EvalTask, evaluate, paired_gain
+from align.eval.canary import EvalTask, evaluate, paired_gain
 from align.rl.stage_config import GrpoDataConfig
 from align.utils.dist import is_rank0
 from align.utils.fsio import atomic_write_json
@@ -50,7 +50,7 @@ def reward_curve(history: str | os.PathLike, fraction: float = 0.25, key: str = 
 @dataclass(frozen=True)
 class ReceiptEvals:
     """Greedy evaluations of the current weights (through `client`): {"heldout": ..., ["trained": ...]}, each
-    align.rl.canary.evaluate's dict. Collective: every rank calls it at the same point."""
+    align.eval.canary.evaluate's dict. Collective: every rank calls it at the same point."""
 
     client: object
     heldout: EvalTask

@@ -11,7 +11,7 @@ change them, without recomputing a log-prob; the loss only ever sees the advanta
           - kl_coef * sum_t (logp_t - ref_logp_t)           optional KL shaping (k1 estimate of the sequence KL),
                                                            applied by `with_kl` once reference log-probs exist
 With `step_check`, the outcome is withheld (0, status "false_step") from a completion that writes a false equation
-(align.rl.step_check): a right box reached through wrong arithmetic is not reinforced.
+(align.verify.step_check): a right box reached through wrong arithmetic is not reinforced.
 A sample whose gold answer the verifier cannot read has `valid = False` (no learning signal; never rewarded), and so
 does a sample the sampler failed on (finish "error"): the batch source drops the whole group."""
 
@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from align.eval.verifier import RewardResult, score
-from align.rl.step_check import false_steps
+from align.verify.step_check import false_steps
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ class RewardConfig:
     overlong_penalty: float = 1.0  # the soft penalty at max_new_tokens
     truncation_penalty: float = 0.0  # flat penalty for a completion cut at max_new_tokens
     kl_coef: float = 0.0  # KL shaping of the reward (needs the reference model)
-    step_check: bool = False  # outcome 0 for a completion with a false `a op b = c` step (align.rl.step_check)
+    step_check: bool = False  # outcome 0 for a completion with a false `a op b = c` step (align.verify.step_check)
 
     def __post_init__(self):
         for name in ("overlong_buffer", "overlong_penalty", "truncation_penalty", "kl_coef"):

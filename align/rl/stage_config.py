@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from align.ppo.lora import LoraConfig
+from align.lora.adapters import LoraConfig
 from align.profile import CommonConfig
 from align.rl.advantages import AdvantageConfig
 from align.rl.curriculum import CurriculumConfig
@@ -14,7 +14,7 @@ from align.rl.grpo_loss import GrpoLossConfig
 from align.rl.rewards import RewardConfig
 from align.rl.step_credit import StepCreditConfig
 from align.eval.inloop_config import InLoopEvalConfig
-from align.rl.canary import CanaryConfig
+from align.eval.canary import CanaryConfig
 from align.rl.tripwires import HealthConfig
 from align.rollout.protocol import RolloutConfig
 from align.tokenizer import TokenizerConfig
@@ -131,5 +131,5 @@ class GrpoStageConfig(CommonConfig):
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     moe_aux: MoeAuxConfig = field(default_factory=MoeAuxConfig)  # [moe_aux]: MoE policies only (default: none)
-    lora: LoraConfig | None = None  # [lora] (align.ppo.lora_stage): adapters train, the sampler follows by
+    lora: LoraConfig | None = None  # [lora] (align.lora.stage): adapters train, the sampler follows by
     # [lora] engine_sync; absent: full fine-tuning

@@ -14,7 +14,7 @@ import torch
 from align.config import run_dir_from_env, write_resolved_config
 from align.data.store import ShardSet
 from align.model.checkpoint import DTYPES, load_checkpoint, tokenizer_dir_for
-from align.ppo.lora_stage import lora_client
+from align.lora.stage import lora_client
 from align.rollout import make_rollout_client
 from align.tokenizer import Tokenizer
 from align.utils.dist import device, init_distributed, is_rank0

@@ -4,7 +4,7 @@ truth in the other samples of its group.
 Why: on the bundled task almost every wrong greedy answer is one false arithmetic step ("2 + 5 = 6", "41 + 4 =
 46"; docs/MEASUREMENTS.md, ladder, session 12), and the outcome reward says nothing about which step it was. Under
 `negative_scale = 0` a wrong sample is dropped whole, with the true steps it wrote; a right one reinforces every
-token alike. The step check (align.rl.step_check) can judge each equation exactly, so each one is a verifiable
+token alike. The step check (align.verify.step_check) can judge each equation exactly, so each one is a verifiable
 bandit trial of one fact: the tokens of its result `c` get
 
     A_step = weight * (t - mu_f) / (sigma_f + eps)      t = 1 if a op b = c holds, else 0
@@ -29,7 +29,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from align.rl.step_check import EQUATION, evaluate
+from align.verify.step_check import EQUATION, evaluate
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ class Result:
 
 
 def results(text: str) -> list[Result]:
-    """Every readable `a op b = c` of `text` (as align.rl.step_check reads them), left to right."""
+    """Every readable `a op b = c` of `text` (as align.verify.step_check reads them), left to right."""
     out = []
     for m in EQUATION.finditer(text):
         a, op, b, c = m.groups()

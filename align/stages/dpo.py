@@ -29,9 +29,9 @@ from align.data.loader import BatchLoader, LoaderConfig
 from align.data.store import ShardSet
 from align.exit_codes import exit_stage
 from align.model.checkpoint import DTYPES, load_checkpoint, tokenizer_dir_for
-from align.ppo.lora import LoraConfig
-from align.ppo.lora_checkpoint import lora_weight_format
-from align.ppo.lora_stage import inloop_eval, maybe_lora, publish_final
+from align.lora.adapters import LoraConfig
+from align.lora.checkpoint import lora_weight_format
+from align.lora.stage import inloop_eval, maybe_lora, publish_final
 from align.profile import CommonConfig
 from align.tokenizer import Tokenizer, TokenizerConfig
 from align.eval.inloop_config import InLoopEvalConfig
@@ -77,7 +77,7 @@ class DpoStageConfig(CommonConfig):
     probes: ProbeConfig = field(default_factory=lambda: ProbeConfig(armed=("grad_norm", "loss_spike")))
     inloop_eval: InLoopEvalConfig = field(default_factory=InLoopEvalConfig)
     moe_aux: MoeAuxConfig = field(default_factory=MoeAuxConfig)  # [moe_aux]: MoE policies only (default: none)
-    lora: LoraConfig | None = None  # [lora]: train adapters only, publish the merged model (align.ppo.lora_stage)
+    lora: LoraConfig | None = None  # [lora]: train adapters only, publish the merged model (align.lora.stage)
 
 
 SUMMARY_KEYS = ("loss", "rewards/accuracy", "rewards/margin", "rewards/chosen", "rewards/rejected")

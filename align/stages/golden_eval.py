@@ -30,7 +30,7 @@ from align.data.store import ShardSet
 from align.eval.golden import GOLDEN_FILE, GoldenConfig, compare, golden_record, host_label, read_anchor
 from align.eval.harness import GreedyConfig, SampledConfig, decode, judge, load_problems
 from align.eval.metrics import greedy_metrics, sampled_metrics
-from align.eval.roundtrip import RoundtripError, roundtrip
+from align.model.roundtrip import RoundtripError, roundtrip
 from align.exceptions import ConfigError
 from align.exit_codes import exit_stage
 from align.inference.config import EngineConfig, SamplingParams

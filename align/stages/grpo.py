@@ -21,10 +21,10 @@ from align.eval.inloop import build_inloop_eval
 from align.exit_codes import exit_stage
 from align.kernels.fused_ce import use_native
 from align.model.checkpoint import DTYPES, checkpoint_content_hash, load_checkpoint, tokenizer_dir_for
-from align.ppo.lora_checkpoint import lora_weight_format
-from align.ppo.lora_stage import maybe_lora, publish_final
+from align.lora.checkpoint import lora_weight_format
+from align.lora.stage import maybe_lora, publish_final
 from align.rl.batch_source import GrpoBatchSource, PromptSet
-from align.rl.canary import Canary
+from align.eval.canary import Canary
 from align.rl.curriculum import PromptCurriculum
 from align.rl.grpo_module import GrpoTrainModule
 from align.rl.report import fit_with_receipt, receipt_evals

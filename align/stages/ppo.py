@@ -5,14 +5,14 @@
 Reads what GRPO reads (align.stages.grpo): `<runs>/<data.start>` (the policy's and the reference's initial weights,
 and the critic's trunk), `<runs>/<data.prompts>` and `<runs>/<data.eval>`, and with `[reward] model` a reward model (the `rm_checkpoint` rung's
 final/) whose score joins the verifier's reward; with `[reward] process_model` a process reward model
-(MistralForProcessReward) whose per-step rewards join the per-token rewards (align.ppo.process_rewards). The
+(MistralForProcessReward) whose per-step rewards join the per-token rewards (align.rl.ppo.process_rewards). The
 sampler is the align Engine on its own copy of the weights, updated in memory after every applied policy step
-(align.ppo.module). The receipt's
+(align.rl.ppo.module). The receipt's
 metrics are GRPO's (align.rl.report.heldout_receipt: held-out greedy accuracy before and after, per level, the
 paired interval, the reward curve). Publishes `<run_dir>/final/` (the policy, HF format) and `<run_dir>/critic/`
 (the value model, HF MistralForSequenceClassification layout). Resumes from `<run_dir>/checkpoints/` like every
 Trainer stage (the critic and its optimizer ride in the module's extra state). One process. `[lora]` as in GRPO
-(align.ppo.lora_stage): the policy trains adapters, the sampler gets the adapters, final/ is the merged model; the
+(align.lora.stage): the policy trains adapters, the sampler gets the adapters, final/ is the merged model; the
 critic trains in full."""
 
 from __future__ import annotations
@@ -23,15 +23,15 @@ from align.exit_codes import exit_stage
 from align.model.checkpoint import DTYPES, checkpoint_content_hash, load_checkpoint, save_checkpoint, \
     tokenizer_dir_for
 from align.model.mistral import MistralForProcessReward, MistralForValueHead
-from align.ppo.batch_source import PpoBatchSource
-from align.ppo.lora_checkpoint import lora_weight_format
-from align.ppo.lora_stage import maybe_lora, publish_final
-from align.ppo.module import PpoTrainModule
-from align.ppo.process_rewards import newline_token_ids, process_reward_scorer
-from align.ppo.rewards import reward_model_scorer
-from align.ppo.stage_config import PpoStageConfig
+from align.rl.ppo.batch_source import PpoBatchSource
+from align.lora.checkpoint import lora_weight_format
+from align.lora.stage import maybe_lora, publish_final
+from align.rl.ppo.module import PpoTrainModule
+from align.rl.ppo.process_rewards import newline_token_ids, process_reward_scorer
+from align.rl.ppo.rewards import reward_model_scorer
+from align.rl.ppo.stage_config import PpoStageConfig
 from align.rl.batch_source import PromptSet
-from align.rl.canary import Canary
+from align.eval.canary import Canary
 from align.rl.curriculum import PromptCurriculum
 from align.rl.report import fit_with_receipt, receipt_evals
 from align.rl.rewards import CompositeReward
@@ -40,7 +40,7 @@ from align.rl.tripwires import GrpoHealth, HealthCallback
 from align.stages.grpo import reference_scorer
 from align.train.callbacks import ProgressLine, SpeedMonitor
 from align.train.identity import run_identity
-from align.train.rm_module import critic_from_policy
+from align.reward.rm_module import critic_from_policy
 from align.train.train_module import TrainModuleConfig
 from align.train.trainer import Trainer
 from align.utils.dist import device, is_rank0, rank, world_size
@@ -67,7 +67,7 @@ def main() -> int:
                                                            cls=MistralForValueHead))
         inputs["reward_model"] = checkpoint_content_hash(rm_dir)
     process_reward = None
-    if cfg.reward.process_model:  # a PRM's per-step rewards (align.ppo.process_rewards)
+    if cfg.reward.process_model:  # a PRM's per-step rewards (align.rl.ppo.process_rewards)
         prm_dir = runs / cfg.reward.process_model
         process_reward = process_reward_scorer(
             load_checkpoint(prm_dir, dtype=dtype, device=device(), cls=MistralForProcessReward),

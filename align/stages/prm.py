@@ -1,19 +1,19 @@
 """align.stages.prm: a process reward model from the SFT checkpoint on rule-labelled solution steps of the bundled
-task (`prm_checkpoint`), what PPO's `[reward] process_model` scores each step with (align.ppo.process_rewards).
+task (`prm_checkpoint`), what PPO's `[reward] process_model` scores each step with (align.rl.ppo.process_rewards).
 
     python -m align.stages.prm --config configs/tiny/prm.toml [table.key=value ...]
 
 Reads `<runs>/<data.init>` (the SFT checkpoint: the PRM's trunk, a fresh per-token score head,
-align.train.rm_module.critic_from_policy with head "ForTokenClassification") and `<runs>/<data.records>` (preference
+align.reward.rm_module.critic_from_policy with head "ForTokenClassification") and `<runs>/<data.records>` (preference
 pair records, records.parquet: the on-policy pairs' chosen and rejected solutions, the policy's own samples beside
-scripted ones). Every line of both solutions is a step labelled by rule (align.ppo.step_labels: a false `a op b = c`
+scripted ones). Every line of both solutions is a step labelled by rule (align.reward.step_labels: a false `a op b = c`
 or a box off the gold is wrong, true arithmetic or the gold's box right, anything else neutral:
-[loss] neutral decides), encoded as align.train.rm_process trains a PRM (the label on each step's last token). A
+[loss] neutral decides), encoded as align.reward.rm_process trains a PRM (the label on each step's last token). A
 solution whose steps do not end on token boundaries is skipped and counted. Pairs with index % heldout_every == 0
 are held out (both solutions; the DPO stage's split of the same pairs); the held-out step accuracy, the accuracy on
 wrong steps alone and the share of right steps (the always-right baseline) before and after training go to
 `<run_dir>/metrics.json`. `[head] lr_scale`: the fresh score head's lr multiple (its own param group, the reward
-model's rule, align.train.rm_module.split_head_group). Publishes `<run_dir>/final/` (HF
+model's rule, align.reward.rm_module.split_head_group). Publishes `<run_dir>/final/` (HF
 MistralForTokenClassification, num_labels 1). Resumes from `<run_dir>/checkpoints/` like every Trainer stage. One process (the stream is in memory)."""
 
 from __future__ import annotations
@@ -29,16 +29,16 @@ from align.data.ingest_parquet import iter_records
 from align.exceptions import DataError
 from align.exit_codes import exit_stage
 from align.model.checkpoint import DTYPES, checkpoint_content_hash, tokenizer_dir_for
-from align.ppo.step_batches import StepBatches
-from align.ppo.step_labels import step_records
+from align.reward.step_batches import StepBatches
+from align.reward.step_labels import step_records
 from align.profile import CommonConfig
 from align.stages.pair_data import ModelDtypeConfig
 from align.tokenizer import Tokenizer, TokenizerConfig
 from align.train.callbacks import ProgressLine, SpeedMonitor
 from align.train.identity import run_identity
 from align.train.optim import OptimizerConfig
-from align.train.rm_module import RmHeadConfig, critic_from_policy, split_head_group
-from align.train.rm_process import PrmLossConfig, PrmTrainModule, collate_steps, encode_steps, prm_eval
+from align.reward.rm_module import RmHeadConfig, critic_from_policy, split_head_group
+from align.reward.rm_process import PrmLossConfig, PrmTrainModule, collate_steps, encode_steps, prm_eval
 from align.train.schedulers import SchedulerConfig
 from align.train.train_module import TrainModuleConfig
 from align.train.trainer import Trainer, TrainerConfig

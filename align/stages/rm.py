@@ -3,7 +3,7 @@
     python -m align.stages.rm --config configs/tiny/rm.toml [table.key=value ...]
 
 Reads `<runs>/<data.init>` (the SFT checkpoint: the critic's trunk; its lm_head is dropped and the score head starts
-fresh, align.train.rm_module.critic_from_policy) and `<runs>/<data.pairs>` (preference shards: DPO's, or the
+fresh, align.reward.rm_module.critic_from_policy) and `<runs>/<data.pairs>` (preference shards: DPO's, or the
 reward model's own, `rm_shards/out` on tiny). Every `data.heldout_every`-th pair (row % N == 0, the DPO stage's
 split) is held out; the critic's held-out pair accuracy (r_c > r_r) and mean margin before training (the fresh head)
 and after go to `<run_dir>/metrics.json` (the receipt). With `data.compare_pairs` (another pair shard set, e.g.
@@ -42,8 +42,8 @@ from align.train.identity import run_identity
 from align.train.optim import OptimizerConfig
 from align.train.parallel import ParallelConfig
 from align.train.probes import ProbeConfig, Tripwires
-from align.train.rm_loss import RmLossConfig
-from align.train.rm_module import RmHeadConfig, RmTrainModule, critic_from_policy, reward_eval
+from align.reward.rm_loss import RmLossConfig
+from align.reward.rm_module import RmHeadConfig, RmTrainModule, critic_from_policy, reward_eval
 from align.train.schedulers import SchedulerConfig
 from align.train.train_module import TrainModuleConfig
 from align.train.trainer import Trainer, TrainerConfig

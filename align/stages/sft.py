@@ -28,9 +28,9 @@ from align.model import MistralConfig, MistralForCausalLM
 from align.model.checkpoint import DTYPES, checkpoint_content_hash, load_checkpoint
 from align.model.family import from_scratch
 from align.model.olmoe import ExpertLayout
-from align.ppo.lora import LoraConfig
-from align.ppo.lora_checkpoint import lora_weight_format
-from align.ppo.lora_stage import inloop_eval, maybe_lora, publish_final
+from align.lora.adapters import LoraConfig
+from align.lora.checkpoint import lora_weight_format
+from align.lora.stage import inloop_eval, maybe_lora, publish_final
 from align.profile import CommonConfig
 from align.tokenizer import Tokenizer, TokenizerConfig
 from align.tokenizer.tokenizer import resolve_tokenizer_dir
@@ -83,7 +83,7 @@ class SftStageConfig(CommonConfig):
     probes: ProbeConfig = field(default_factory=ProbeConfig)
     inloop_eval: InLoopEvalConfig = field(default_factory=InLoopEvalConfig)
     moe_aux: MoeAuxConfig = field(default_factory=MoeAuxConfig)  # [moe_aux]: MoE models only
-    lora: LoraConfig | None = None  # [lora]: train adapters only, publish the merged model (align.ppo.lora_stage)
+    lora: LoraConfig | None = None  # [lora]: train adapters only, publish the merged model (align.lora.stage)
 
 
 def build_model(cfg: SftStageConfig) -> MistralForCausalLM:
@@ -112,7 +112,7 @@ def base_identity(cfg) -> str:
 def fit_and_publish(cfg, module, loader, run_dir: Path, callbacks: list, tok_dir: Path, inputs: dict,
                     lora: LoraConfig | None = None) -> int:
     """Train (resuming a checkpoint of the same run identity), then publish `final/` (collective: every rank;
-    with `lora` the merged checkpoint, align.ppo.lora_stage.publish_final)."""
+    with `lora` the merged checkpoint, align.lora.stage.publish_final)."""
     trainer = Trainer(cfg.train, module, loader, run_dir, callbacks, identity=run_identity(cfg, inputs),
                       weight_format=lora_weight_format(lora, module.model, cfg.model.base or None, run_dir))
     code = trainer.fit()

@@ -287,8 +287,8 @@ class Trainer:
 
     def _check_roundtrip(self, path: Path, weights: dict) -> None:
         """Rank 0: the published checkpoint loads back into exactly these weights and this forward, or the stage
-        fails before anything downstream (or a receipt) can use it (align.eval.roundtrip)."""
-        from align.eval.roundtrip import check_published
+        fails before anything downstream (or a receipt) can use it (align.model.roundtrip)."""
+        from align.model.roundtrip import check_published
 
         model = self.module.model
         # NOTE: a sharded model cannot run a forward on one rank, and a GPU forward is not bitwise a CPU one: then

@@ -14,7 +14,7 @@ import torch
 from align.eval.golden import accept
 from align.exit_codes import run_with_exit_codes
 from align.inference import EngineConfig
-from align.inference.fused_layers import resolve_linear_kernel
+from align.inference.product_kernels import resolve_linear_kernel
 from align.inference.paged_attention import resolve_cpu_kernels
 from align.stages import golden_eval
 from align.model.checkpoint import checkpoint_content_hash

@@ -1,5 +1,5 @@
 """align.eval.inloop: the in-loop held-out evaluation (greedy accuracy through the real Engine, gold-solution NLL),
-its cadence and history columns, the weight sync into its own Engine; align.rl.canary's per-level accuracy and the
+its cadence and history columns, the weight sync into its own Engine; align.eval.canary's per-level accuracy and the
 paired gain interval the GRPO receipt reports."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from align.data.store import ShardSet
 from align.eval.inloop import COLUMNS, build_inloop_eval, engine_copy, heldout_nll
 from align.eval.inloop_config import InLoopEvalConfig
 from align.model import MistralConfig, MistralForCausalLM
-from align.rl.canary import evaluate, paired_gain
+from align.eval.canary import evaluate, paired_gain
 from align.rollout.native import NativeRolloutClient
 from align.tokenizer import Tokenizer, TokenizerConfig
 

@@ -1,11 +1,11 @@
-"""align.eval.roundtrip: a published checkpoint reproduces its model bit for bit, and a corrupted one is caught."""
+"""align.model.roundtrip: a published checkpoint reproduces its model bit for bit, and a corrupted one is caught."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from align.eval.roundtrip import RoundtripError, check_published, roundtrip
+from align.model.roundtrip import RoundtripError, check_published, roundtrip
 from align.model import MistralConfig, MistralForCausalLM
 from align.model.checkpoint import checkpoint_content_hash, save_checkpoint
 from eval_fixtures import TINY, random_model

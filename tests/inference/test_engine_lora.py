@@ -1,5 +1,5 @@
-"""The engine samples from base + LoRA adapter without merging (align.inference.lora_decode, Engine.load_adapters,
-align.ppo.lora_stage.AdapterWeightsClient): the same tokens and fp32-close log-probs as an engine on the merged
+"""The engine samples from base + LoRA adapter without merging (align.lora.decode, Engine.load_adapters,
+align.lora.stage.AdapterWeightsClient): the same tokens and fp32-close log-probs as an engine on the merged
 model, a sync that moves only adapter bytes and never repacks the base, zero adapters bitwise the plain engine,
 batch invariance kept."""
 
@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from align.inference import Engine, EngineConfig, GenerationRequest, SamplingParams
-from align.ppo.lora import ADAPTER_KEYS, LoraConfig, apply_lora, lora_layers, merge_state_dict
-from align.ppo.lora_stage import AdapterWeightsClient, lora_client
+from align.lora.adapters import ADAPTER_KEYS, LoraConfig, apply_lora, lora_layers, merge_state_dict
+from align.lora.stage import AdapterWeightsClient, lora_client
 from align.rollout.native import NativeRolloutClient
 from inference_helpers import assert_batch_invariant, random_prompts, small_model
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from align.inference import EngineConfig
-from align.inference.fused_layers import onednn_can_run
+from align.inference.product_kernels import onednn_can_run
 from align.model.olmoe import set_router_dtype
 from inference_helpers import assert_batch_invariant, assert_greedy_and_logprob_contracts
 from test_engine_olmoe import small_olmoe

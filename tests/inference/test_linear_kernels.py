@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from align.inference import Engine, EngineConfig, GenerationRequest, SamplingParams
-from align.inference.fused_layers import native_unsupported, onednn_can_run
+from align.inference.product_kernels import native_unsupported, onednn_can_run
 from inference_helpers import (assert_batch_invariant, assert_greedy_and_logprob_contracts, full_forward_logits,
                                naive_greedy, random_prompts, small_model)
 

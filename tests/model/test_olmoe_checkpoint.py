@@ -13,7 +13,8 @@ from align.exceptions import CheckpointError
 from align.model import MistralForValueHead
 from align.model.checkpoint import load_checkpoint, save_checkpoint, tokenizer_dir_for
 from align.model.family import FAMILIES, family_of_config_dict
-from align.model.hf_config import config_from_hf_dict, hf_config_dict, load_hf_config
+from align.model.hf_config import config_from_hf_dict
+from align.model.config_io import hf_config_dict, load_hf_config
 from align.model.olmoe import OlmoeForCausalLM
 from align.model.olmoe_checkpoint import OLMOE_SPEC, fuse_hub_pairs, to_hub_layout
 from align.model.safetensors_io import read_header, weight_map

@@ -15,7 +15,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 torch.set_num_threads(1)
 
-from align.ppo.stage_config import PpoConfig  # noqa: E402
+from align.rl.ppo.stage_config import PpoConfig  # noqa: E402
 from align.rl.stage_config import RolloutShape  # noqa: E402
 from align.train.parallel import ParallelConfig  # noqa: E402
 from align.train.train_module import localize  # noqa: E402

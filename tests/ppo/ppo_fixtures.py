@@ -1,5 +1,5 @@
 """Real small pieces for the PPO tests, on GRPO's parity task (tests/rl/rl_fixtures): a tiny random Mistral saved as
-a checkpoint (the critic's trunk comes from it through align.ppo.critic, as in the stage), the native sampler on a
+a checkpoint (the critic's trunk comes from it through align.rl.ppo.critic, as in the stage), the native sampler on a
 copy, the frozen reference scored from another copy, and PPO's module and batch source."""
 
 from __future__ import annotations
@@ -14,18 +14,18 @@ sys.path.insert(0, str(Path(__file__).parent.parent / "rl"))
 from rl_fixtures import EOS, decode, make_client, parity_prompts, parity_verifier, tiny_model  # noqa: E402
 
 from align.model.checkpoint import save_checkpoint  # noqa: E402
-from align.ppo.batch_source import PpoBatchSource  # noqa: E402
-from align.ppo.gae import GaeConfig  # noqa: E402
-from align.ppo.loss import PpoLossConfig  # noqa: E402
-from align.ppo.module import PpoTrainModule  # noqa: E402
-from align.ppo.stage_config import PpoConfig  # noqa: E402
+from align.rl.ppo.batch_source import PpoBatchSource  # noqa: E402
+from align.rl.ppo.gae import GaeConfig  # noqa: E402
+from align.rl.ppo.loss import PpoLossConfig  # noqa: E402
+from align.rl.ppo.module import PpoTrainModule  # noqa: E402
+from align.rl.ppo.stage_config import PpoConfig  # noqa: E402
 from align.rl.curriculum import CurriculumConfig, PromptCurriculum  # noqa: E402
 from align.rl.rewards import CompositeReward, RewardConfig  # noqa: E402
 from align.rl.stage_config import DynamicSamplingConfig, RolloutShape  # noqa: E402
 from align.rl.token_logprobs import completion_logprobs  # noqa: E402
 from align.train.optim import OptimizerConfig  # noqa: E402
 from align.train.parallel import ParallelConfig  # noqa: E402
-from align.train.rm_module import RmHeadConfig, critic_from_policy  # noqa: E402
+from align.reward.rm_module import RmHeadConfig, critic_from_policy  # noqa: E402
 from align.train.schedulers import SchedulerConfig  # noqa: E402
 from align.train.train_module import TrainModuleConfig  # noqa: E402
 from align.utils.dist import barrier  # noqa: E402

@@ -1,4 +1,4 @@
-"""align.ppo.gae against GAE's non-recursive definition and torch's own statistics.
+"""align.rl.ppo.gae against GAE's non-recursive definition and torch's own statistics.
 
 The references here are the closed forms: A_t = sum_l (gamma lambda)^l delta_{t+l}; lambda = 1 is the discounted
 return minus V; whitening matches torch.mean / torch.var (unbiased) of the masked entries. The installed TRL (1.x)
@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from align.ppo.gae import GaeConfig, gae, masked_var, scale_negatives, whiten
+from align.rl.ppo.gae import GaeConfig, gae, masked_var, scale_negatives, whiten
 
 
 def _batch(seed=0, b=4, t=9):

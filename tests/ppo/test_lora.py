@@ -1,4 +1,4 @@
-"""align.ppo.lora: wrapping, freezing, merge, and the peft file layout (oracle: peft loads it with equal logits)."""
+"""align.lora.adapters: wrapping, freezing, merge, and the peft file layout (oracle: peft loads it with equal logits)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 
 from align.model import MistralForCausalLM
 from align.model.checkpoint import load_checkpoint, save_checkpoint
-from align.ppo.lora import (ADAPTER_CONFIG, LoraConfig, LoraLinear, apply_lora, lora_layers, merge, save_adapter,
+from align.lora.adapters import (ADAPTER_CONFIG, LoraConfig, LoraLinear, apply_lora, lora_layers, merge, save_adapter,
                             trainable_parameters)
 from model_helpers import random_ids, tiny_config
 

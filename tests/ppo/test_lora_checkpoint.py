@@ -1,4 +1,4 @@
-"""LoRA step checkpoints without the frozen base (align.ppo.lora_checkpoint.LoraWeightFormat): model/ holds the
+"""LoRA step checkpoints without the frozen base (align.lora.checkpoint.LoraWeightFormat): model/ holds the
 adapters and a reference to the base (path + content hash), the base is read back from its directory, a changed
 base is one clear error, a from-scratch base is written once per run, the older full layout still resumes."""
 
@@ -12,8 +12,8 @@ import torch
 from align.exceptions import CheckpointError
 from align.model import MistralConfig, MistralForCausalLM
 from align.model.checkpoint import checkpoint_content_hash, save_checkpoint
-from align.ppo.lora import LoraConfig, apply_lora, lora_layers
-from align.ppo.lora_checkpoint import ADAPTERS_FILE, BASE_REF_FILE, SCRATCH_BASE, lora_weight_format
+from align.lora.adapters import LoraConfig, apply_lora, lora_layers
+from align.lora.checkpoint import ADAPTERS_FILE, BASE_REF_FILE, SCRATCH_BASE, lora_weight_format
 from align.train.ckpt_format import weight_format_for
 
 LORA = LoraConfig(rank=4, alpha=8.0, target_modules=("q_proj", "v_proj", "down_proj"))

@@ -1,4 +1,4 @@
-"""`[lora]` in the SFT, DPO and GRPO stages (align.ppo.lora_stage) on real artifacts: only the adapters train, final/
+"""`[lora]` in the SFT, DPO and GRPO stages (align.lora.stage) on real artifacts: only the adapters train, final/
 is the merged ordinary HF checkpoint equal to base + B A alpha/r bitwise, final/adapter/ is peft's layout (peft loads
 it onto the transformers base with equal logits: oracle), a resumed LoRA run is bitwise the uninterrupted one, and
 samplers receive the adapters (GRPO's push, the in-loop Engine; merged weights with engine_sync = "merged")."""
@@ -15,8 +15,8 @@ from safetensors.torch import load_file
 
 from align.config import load_config
 from align.model.checkpoint import checkpoint_content_hash, load_checkpoint, save_checkpoint
-from align.ppo.lora import LoraConfig, apply_lora, lora_layers, merge_state_dict
-from align.ppo.lora_stage import AdapterWeightsClient, MergedWeightsClient, inloop_eval
+from align.lora.adapters import LoraConfig, apply_lora, lora_layers, merge_state_dict
+from align.lora.stage import AdapterWeightsClient, MergedWeightsClient, inloop_eval
 from align.rollout.native import NativeRolloutClient
 from align.stages.sft import SftStageConfig, build_model
 from align.utils.manifest import read_manifest

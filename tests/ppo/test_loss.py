@@ -1,4 +1,4 @@
-"""align.ppo.loss: the clipped terms take the right arm and pass gradient only where PPO says they should.
+"""align.rl.ppo.loss: the clipped terms take the right arm and pass gradient only where PPO says they should.
 
 TRL 1.x (the installed oracle) no longer has PPO's loss functions, so the checks are the defining properties:
 inside the clip range the surrogate is -mean(A rho) with gradient -A rho / n; past it on the side the advantage
@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from align.ppo.loss import PpoLossConfig, entropy_bonus, policy_loss, value_loss
+from align.rl.ppo.loss import PpoLossConfig, entropy_bonus, policy_loss, value_loss
 
 
 def test_policy_loss_inside_clip_is_the_plain_surrogate():

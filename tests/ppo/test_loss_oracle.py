@@ -6,7 +6,7 @@ are checked against TRL 0.24's PPOTrainer in tests/ppo/test_ppo_trl024_oracle.py
 a subprocess). What TRL 1.x does ship is the same policy objective: GRPOTrainer._compute_loss takes advantages of shape (B, T) ("to support
 subclasses that provide advantages with shape (B, T)"), and with a symmetric clip eps and loss_type "bnpo" (mean over
 the batch's tokens) its loss is PPO's L_pi = mean_t max(-A_t r_t, -A_t clip(r_t, 1 - eps, 1 + eps)); its entropy
-bonus subtracts coef * mean_t H_t, as align.ppo.loss.entropy_bonus adds -coef * mean_t H_t. TRL's model call is
+bonus subtracts coef * mean_t H_t, as align.rl.ppo.loss.entropy_bonus adds -coef * mean_t H_t. TRL's model call is
 replaced by returning the given log-probs and entropies (tests/rl/test_grpo_loss_oracle.trl_loss): everything after
 it is TRL's own code."""
 
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from align.ppo.loss import entropy_bonus, policy_loss
+from align.rl.ppo.loss import entropy_bonus, policy_loss
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "rl"))
 pytestmark = pytest.mark.oracle

@@ -1,4 +1,4 @@
-"""align.ppo on a real tiny model (GRPO's parity task): the policy learns, the critic-only warmup moves nothing but
+"""align.rl.ppo on a real tiny model (GRPO's parity task): the policy learns, the critic-only warmup moves nothing but
 the critic and is not a skip, stale rollouts are refused, the ratio tripwire skips (and the Trainer counts it), the
 KL goes to the reward or to the loss, and an interrupted run resumes bit-exactly, critic and its optimizer included."""
 
@@ -10,14 +10,14 @@ import pytest
 import torch
 
 from align.kernels import ce_rows
-from align.ppo.entropy import token_entropy
-from align.ppo.loss import PpoLossConfig, policy_rows, value_per_token
-from align.ppo.rewards import reward_model_scorer, token_rewards
-from align.ppo.stage_config import PpoConfig
+from align.rl.ppo.entropy import token_entropy
+from align.rl.ppo.loss import PpoLossConfig, policy_rows, value_per_token
+from align.rl.ppo.rewards import reward_model_scorer, token_rewards
+from align.rl.ppo.stage_config import PpoConfig
 from align.rl.grpo_loss import k3_kl
 from align.rl.stage_config import RolloutShape
-from align.ppo.gae import GaeConfig
-from align.train.rm_module import RmHeadConfig, critic_from_policy
+from align.rl.ppo.gae import GaeConfig
+from align.reward.rm_module import RmHeadConfig, critic_from_policy
 from align.train.train_module import AccumInfo, StepOutcome
 from align.train.trainer import Trainer, TrainerConfig
 from align.utils.tracking import read_history

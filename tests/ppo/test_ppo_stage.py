@@ -102,7 +102,7 @@ def test_stage_publishes_and_sigterm_resume_is_bitwise_equal(tmp_path, monkeypat
 
 def test_stage_rewards_with_a_reward_model(tmp_path, monkeypatch):
     from align.model.checkpoint import save_checkpoint
-    from align.train.rm_module import critic_from_policy
+    from align.reward.rm_module import critic_from_policy
     from align.utils.manifest import read_manifest
 
     runs, config = setup(tmp_path)
@@ -125,7 +125,7 @@ def test_stage_rewards_steps_with_a_process_reward_model(tmp_path, monkeypatch):
     from align.utils.manifest import read_manifest
 
     runs, config = setup(tmp_path)
-    prm_dir = runs / "prm" / "final"  # a PRM on the start's trunk (what align.train.rm_process trains)
+    prm_dir = runs / "prm" / "final"  # a PRM on the start's trunk (what align.reward.rm_process trains)
     start = load_checkpoint(runs / "dpo_checkpoint" / "final")
     torch.manual_seed(3)
     prm = MistralForProcessReward(start.config)

@@ -17,7 +17,7 @@ token: the EOS when the row stopped, T - 1 when it ran to the window's end; a sa
     added there (`actual_end` = L_i + 1), not on the EOS token. GAE runs over the whole window with rewards and
     values zero outside ~p1, which is align's `gae(rewards, values, mask=~padding_mask_p1)` exactly (align's
     recursion treats the first position after the mask as terminal).
-align's PPO stage has its own convention (align/ppo/rewards.py, batch_source.py): the score sits on the last sampled
+align's PPO stage has its own convention (align/rl/ppo/rewards.py, batch_source.py): the score sits on the last sampled
 token (the EOS) and V after it is 0, i.e. the same recursion with the mask ending at L_i. The two agree only for
 gamma = lam = 1; otherwise TRL's A_L = r_L + gamma V_{L+1} - V_L + gamma lam (s - V_{L+1}) bootstraps from the
 critic's guess of the finished state where align's A_L = r_L + s - V_L. That is a design difference between the two
@@ -34,8 +34,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from align.ppo.gae import gae, whiten
-from align.ppo.loss import policy_loss, value_loss
+from align.rl.ppo.gae import gae, whiten
+from align.rl.ppo.loss import policy_loss, value_loss
 
 pytestmark = pytest.mark.oracle
 

@@ -1,5 +1,5 @@
-"""Step labels from the bundled task by rule (align.ppo.step_labels) and PPO's per-token process rewards from a PRM
-(align.ppo.process_rewards): the rule's ratings on the task's right and wrong worked solutions, the step ends the
+"""Step labels from the bundled task by rule (align.reward.step_labels) and PPO's per-token process rewards from a PRM
+(align.rl.ppo.process_rewards): the rule's ratings on the task's right and wrong worked solutions, the step ends the
 PPO scorer finds in a completion are exactly where rm_process puts the PRM's labels, and the rewards are the PRM's
 centred beliefs there and 0 elsewhere."""
 
@@ -13,11 +13,11 @@ from align.data.mathtask import draw_problem, render_solution, wrong_solution
 from align.data.schema import Message, PreferencePair
 from align.model import MistralConfig
 from align.model.mistral import MistralForProcessReward
-from align.ppo.process_rewards import newline_token_ids, process_reward_scorer, step_ends
-from align.ppo.step_labels import label_solution, rate_step, step_records
+from align.rl.ppo.process_rewards import newline_token_ids, process_reward_scorer, step_ends
+from align.reward.step_labels import label_solution, rate_step, step_records
 from align.tokenizer import Tokenizer
 from align.tokenizer.chat import encode_prompt
-from align.train.rm_process import PrmLossConfig, encode_steps
+from align.reward.rm_process import PrmLossConfig, encode_steps
 
 PROMPT = (Message("user", "Ann has 12 apples and gets 7 more. How many?"),)
 

@@ -18,7 +18,7 @@ from align.data.collate import collate
 from align.data.store import ShardSet
 from align.model import MistralForValueHead
 from align.model.checkpoint import load_checkpoint
-from align.train.rm_module import model_scorer, pair_rewards
+from align.reward.rm_module import model_scorer, pair_rewards
 from align.utils.tracking import read_history
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dpo"))
@@ -130,7 +130,7 @@ def test_critic_head_is_seeded_and_a_family_without_a_critic_is_refused(tmp_path
     from align.exceptions import CheckpointError
     from align.model.checkpoint import save_checkpoint
     from align.model.olmoe import OlmoeForCausalLM
-    from align.train.rm_module import critic_from_policy
+    from align.reward.rm_module import critic_from_policy
     from moe_helpers import tiny_olmoe
 
     ckpt = save_tiny_checkpoint(tmp_path / "sft", seed=0)

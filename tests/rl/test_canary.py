@@ -1,10 +1,10 @@
-"""align.rl.canary: greedy pass@1 (and pass@k) through the real sampler; the callback's cadence and halt."""
+"""align.eval.canary: greedy pass@1 (and pass@k) through the real sampler; the callback's cadence and halt."""
 
 import math
 
 import torch
 
-from align.rl.canary import Canary, CanaryConfig, EvalTask, evaluate
+from align.eval.canary import Canary, CanaryConfig, EvalTask, evaluate
 from rl_fixtures import EOS, decode, make_client, parity_prompts, tiny_model
 
 

@@ -59,7 +59,7 @@ def test_step_check_withholds_the_outcome_of_a_lucky_answer():
 
 
 def test_false_steps_reads_every_binary_equation():
-    from align.rl.step_check import false_steps
+    from align.verify.step_check import false_steps
 
     assert false_steps("3 + 4 = 7. 10 - 3 = 7. 2 * 5 = 10. 9 / 3 = 3. 2 x 3 = 6. 1.5 + 1.5 = 3") == 0
     assert false_steps("3 + 4 = 8. 10 - 3 = 7. 4 / 0 = 1") == 2

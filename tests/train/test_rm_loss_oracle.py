@@ -19,8 +19,8 @@ from torch import nn
 
 from align.model import MistralConfig, MistralForValueHead
 from align.train.optim import OptimizerConfig
-from align.train.rm_loss import RmLossConfig, rm_loss
-from align.train.rm_module import RmTrainModule
+from align.reward.rm_loss import RmLossConfig, rm_loss
+from align.reward.rm_module import RmTrainModule
 from align.train.train_module import TrainModuleConfig
 
 pytest.importorskip("trl")

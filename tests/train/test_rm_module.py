@@ -12,8 +12,8 @@ import torch
 
 from align.model import MistralForValueHead
 from align.train.optim import OptimizerConfig
-from align.train.rm_loss import RmLossConfig
-from align.train.rm_module import RmHeadConfig, RmTrainModule, last_token_index, model_scorer, pair_rewards, reward_eval
+from align.reward.rm_loss import RmLossConfig
+from align.reward.rm_module import RmHeadConfig, RmTrainModule, last_token_index, model_scorer, pair_rewards, reward_eval
 from align.train.schedulers import SchedulerConfig
 from align.train.train_module import AccumInfo, TrainModuleConfig
 

@@ -1,4 +1,4 @@
-"""Process reward model training on a tiny generated step-labelled set (align.train.rm_process): step-end positions
+"""Process reward model training on a tiny generated step-labelled set (align.reward.rm_process): step-end positions
 on the real Mistral v0.3 tokenizer, the sequence equal to the SFT template's reply, neutral-label policies, the loss
 equal to torch's BCE on the model's own per-token logits, window normalisation, and learning which steps are wrong."""
 
@@ -15,7 +15,7 @@ from align.model import MistralConfig, MistralForProcessReward
 from align.tokenizer import Tokenizer
 from align.tokenizer.chat import encode_chat
 from align.train.optim import OptimizerConfig
-from align.train.rm_process import (IGNORE, PrmLossConfig, PrmTrainModule, collate_steps, encode_steps, prm_eval,
+from align.reward.rm_process import (IGNORE, PrmLossConfig, PrmTrainModule, collate_steps, encode_steps, prm_eval,
                                     step_label)
 from align.train.train_module import AccumInfo, TrainModuleConfig
 

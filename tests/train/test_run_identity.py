@@ -67,7 +67,7 @@ def test_checkpoint_without_identity_is_not_resumed_by_an_identified_run(tmp_pat
 def test_publish_final_checks_the_round_trip(tmp_path, monkeypatch):
     import pytest
 
-    from align.eval.roundtrip import RoundtripError, check_published
+    from align.model.roundtrip import RoundtripError, check_published
 
     trainer = build_sft(tmp_path, max_steps=2, checkpoint_every=0)
     assert trainer.fit() == 0

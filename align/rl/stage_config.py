@@ -112,7 +112,10 @@ class GrpoDataConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
-class GrpoStageConfig(CommonConfig):
+class RolloutStageConfig(CommonConfig):
+    """The tables every RL stage shares (GRPO, and PPO on its machinery): the policy's training, its prompts and
+    rollouts, the reward, health, canary and in-loop evaluation, the policy's optimizer and schedule, LoRA."""
+
     train: TrainerConfig
     data: GrpoDataConfig = field(default_factory=GrpoDataConfig)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
@@ -120,16 +123,20 @@ class GrpoStageConfig(CommonConfig):
     dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
     curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
-    advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
-    step_credit: StepCreditConfig = field(default_factory=StepCreditConfig)  # [step_credit]: off unless weight > 0
-    loss: GrpoLossConfig = field(default_factory=GrpoLossConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     health: HealthConfig = field(default_factory=HealthConfig)
     canary: CanaryConfig = field(default_factory=CanaryConfig)
     inloop_eval: InLoopEvalConfig = field(default_factory=InLoopEvalConfig)
-    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
-    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)  # the policy's
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)  # the policy's
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
-    moe_aux: MoeAuxConfig = field(default_factory=MoeAuxConfig)  # [moe_aux]: MoE policies only (default: none)
     lora: LoraConfig | None = None  # [lora] (align.lora.stage): adapters train, the sampler follows by
     # [lora] engine_sync; absent: full fine-tuning
+
+
+@dataclass(frozen=True, kw_only=True)
+class GrpoStageConfig(RolloutStageConfig):
+    advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
+    step_credit: StepCreditConfig = field(default_factory=StepCreditConfig)  # [step_credit]: off unless weight > 0
+    loss: GrpoLossConfig = field(default_factory=GrpoLossConfig)
+    moe_aux: MoeAuxConfig = field(default_factory=MoeAuxConfig)  # [moe_aux]: MoE policies only (default: none)

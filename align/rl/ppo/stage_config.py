@@ -7,23 +7,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from align.eval.inloop_config import InLoopEvalConfig
-from align.rl.ppo.gae import GaeConfig
-from align.lora.adapters import LoraConfig
-from align.rl.ppo.loss import PpoLossConfig
-from align.profile import CommonConfig
-from align.eval.canary import CanaryConfig
-from align.rl.curriculum import CurriculumConfig
-from align.rl.rewards import RewardConfig
-from align.rl.stage_config import DynamicSamplingConfig, GrpoDataConfig, RolloutShape
-from align.rl.tripwires import HealthConfig
-from align.rollout.protocol import RolloutConfig
-from align.tokenizer import TokenizerConfig
-from align.train.optim import OptimizerConfig
-from align.train.parallel import ParallelConfig
 from align.reward.rm_module import RmHeadConfig
-from align.train.schedulers import SchedulerConfig
-from align.train.trainer import TrainerConfig
+from align.rl.ppo.gae import GaeConfig
+from align.rl.ppo.loss import PpoLossConfig
+from align.rl.rewards import RewardConfig
+from align.rl.stage_config import DynamicSamplingConfig, RolloutStageConfig
+from align.train.optim import OptimizerConfig
 
 
 @dataclass(frozen=True)
@@ -73,27 +62,16 @@ class PpoRewardConfig(RewardConfig):
 
 
 @dataclass(frozen=True, kw_only=True)
-class PpoStageConfig(CommonConfig):
-    train: TrainerConfig
-    data: GrpoDataConfig = field(default_factory=GrpoDataConfig)
-    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
-    shape: RolloutShape = field(default_factory=RolloutShape)
+class PpoStageConfig(RolloutStageConfig):
+    """GRPO's rollout tables (align.rl.stage_config.RolloutStageConfig) with PPO's reward, objective and critic."""
+
     dynamic_sampling: DynamicSamplingConfig = field(default_factory=lambda: DynamicSamplingConfig(enabled=False))
-    curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
     reward: PpoRewardConfig = field(default_factory=PpoRewardConfig)
     ppo: PpoConfig = field(default_factory=PpoConfig)
     gae: GaeConfig = field(default_factory=GaeConfig)
     loss: PpoLossConfig = field(default_factory=PpoLossConfig)
-    rollout: RolloutConfig = field(default_factory=RolloutConfig)
-    health: HealthConfig = field(default_factory=HealthConfig)
-    canary: CanaryConfig = field(default_factory=CanaryConfig)
-    inloop_eval: InLoopEvalConfig = field(default_factory=InLoopEvalConfig)
-    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)  # the policy's
     critic_optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)  # the critic's (constant lr)
     critic_head: RmHeadConfig = field(default_factory=RmHeadConfig)  # the value head's lr = critic lr x lr_scale
-    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)  # the policy's schedule
-    parallel: ParallelConfig = field(default_factory=ParallelConfig)
-    lora: LoraConfig | None = None  # [lora] (align.lora.stage): the policy trains adapters, the critic does not
 
     def __post_init__(self):
         if self.reward.kl_coef > 0:

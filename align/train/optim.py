@@ -17,6 +17,7 @@ from torch import nn
 
 from align.registry import Registry
 from align.train.adamw8bit import AdamW8bit
+from align.train.offload_adamw import OffloadAdamW
 
 OPTIMIZERS: Registry[Callable[..., torch.optim.Optimizer]] = Registry("optimizer")
 
@@ -25,7 +26,9 @@ OPTIMIZERS: Registry[Callable[..., torch.optim.Optimizer]] = Registry("optimizer
 class OptimizerConfig:
     """[optimizer] table."""
 
-    name: str = "adamw"  # a registered optimizer: "adamw" (torch) or "adamw8bit" (8-bit moments, ~2 B/param)
+    # a registered optimizer: "adamw" (torch), "adamw8bit" (8-bit moments, ~2 B/param) or "offload_adamw" (fp32
+    # master + moments in host memory, 12 B/param there; the device keeps the parameters in the model's dtype)
+    name: str = "adamw"
     lr: float = 3e-4  # peak learning rate; the schedule multiplies it
     betas: tuple[float, float] = (0.9, 0.95)
     eps: float = 1e-8
@@ -63,6 +66,11 @@ def _cpu_fused_ok(groups) -> bool:
 def _adamw8bit(groups, cfg: OptimizerConfig, seed: int) -> torch.optim.Optimizer:
     return AdamW8bit(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
                      min_8bit_numel=cfg.min_8bit_numel, seed=seed)
+
+
+@OPTIMIZERS.register("offload_adamw")
+def _offload_adamw(groups, cfg: OptimizerConfig, seed: int) -> torch.optim.Optimizer:
+    return OffloadAdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay)
 
 
 def _exempt_ids(model: nn.Module, cfg: OptimizerConfig) -> set[int]:

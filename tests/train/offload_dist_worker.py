@@ -1,0 +1,76 @@
+"""Worker for tests/train/test_offload_adamw.py's 2-rank test (launched by torch.distributed.run, gloo, CPU).
+
+FSDP2 over 2 ranks with `optimizer.name = "offload_adamw"`: an uninterrupted 4-step run (checkpoint every 2), a run
+that crashes mid-window in step 4 on every rank, and its resume in a fresh Trainer from step 2. Rank 0 saves both
+final weight sets and the element counts of its host state and of the model to <out>/ranks.pt.
+`one_process_reference` is the same global windows (2 ranks x 2 micro-batches) as one window of 4 in one process."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+torch.set_num_threads(1)
+
+from align.utils.dist import exit_process, init_distributed, rank, world_size  # noqa: E402
+from train_helpers import ListLoader, build_sft, sft_windows, weights  # noqa: E402
+
+ACCUM = 2
+STEPS = 4
+
+
+def one_process_reference(run_dir: Path, optimizer: str) -> dict:
+    t = build_sft(run_dir, max_steps=STEPS, checkpoint_every=0, accum=2 * ACCUM, optimizer=optimizer,
+                  loader=ListLoader(sft_windows(5, 2 * ACCUM)))
+    assert t.fit() == 0
+    return weights(t.module)
+
+
+def rank_loader() -> ListLoader:
+    glob = sft_windows(5, world_size() * ACCUM)
+    return ListLoader([w[rank() * ACCUM:(rank() + 1) * ACCUM] for w in glob])
+
+
+def trainer(run_dir: Path, fault=None):
+    return build_sft(run_dir, max_steps=STEPS, checkpoint_every=2, accum=ACCUM, strategy="fsdp",
+                     optimizer="offload_adamw", loader=rank_loader(), fault=fault)
+
+
+class Crash(Exception):
+    pass
+
+
+def main(out: Path) -> None:
+    full = trainer(out / "full")
+    assert type(full.module.net).__name__ == "FSDPLossForward"
+    assert full.fit() == 0
+    w_full = weights(full.module)
+    opt = full.module.optimizer
+    state_numel = sum(s["master"].numel() for s in opt.state.values())
+    model_numel = sum(p.numel() for p in full.module.model.parameters())  # DTensors report the global size
+
+    def fault(module, batch, info, count=[0]):
+        count[0] += 1
+        if count[0] == ACCUM * 3 + 2:  # step 4's second micro-batch: mid-window, after the step-2 checkpoint
+            raise Crash()
+
+    try:
+        trainer(out / "cut", fault).fit()
+        raise AssertionError("the fault did not fire")
+    except Crash:
+        pass
+    resumed = trainer(out / "cut")
+    assert resumed.fit() == 0 and resumed.resumed_from.name == "step_2", resumed.resumed_from
+    w_resumed = weights(resumed.module)
+    if rank() == 0:
+        torch.save({"full": w_full, "resumed": w_resumed, "state_numel": state_numel, "model_numel": model_numel},
+                   out / "ranks.pt")
+
+
+if __name__ == "__main__":
+    init_distributed()
+    main(Path(sys.argv[1]))
+    exit_process(0)  # no interpreter finalisation of live gloo state (align.utils.dist.exit_process)

@@ -16,7 +16,6 @@ import json
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -25,6 +24,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "dpo"))  # trl_fixtures: the TRL side's tokenizer and data
+sys.path.insert(0, str(ROOT / "bench"))
+from sides import run_side  # noqa: E402
 
 PAIRS, PROMPT, COMPLETION = 4, 64, 128
 SHAPE = dict(vocab_size=32768, hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=8,
@@ -145,14 +146,9 @@ def _result(times: list[float], cpu: list[float], base_rss: float) -> dict:
             "peak_rss_mb": round(_peak_mb(), 1), "rss_after_imports_mb": round(base_rss, 1)}
 
 
-def _run_side(side: str, args, cache: Path) -> dict | None:
-    cmd = [sys.executable, __file__, "--side", side, "--cache", str(cache), "--steps", str(args.steps),
-           "--warmup", str(args.warmup), "--threads", str(args.threads), "--chunk", str(args.chunk)]
-    env = {**os.environ, "TQDM_DISABLE": "1", "PYTHONWARNINGS": "ignore"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{side} side failed:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+def _run_side(side: str, args, cache: Path) -> dict:
+    return run_side(__file__, side, {"cache": cache, "steps": args.steps, "warmup": args.warmup,
+                                     "threads": args.threads, "chunk": args.chunk})
 
 
 def main() -> None:

@@ -19,7 +19,6 @@ import json
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -27,6 +26,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+from sides import run_side  # noqa: E402
 
 BATCH, SEQ = 8, 256
 SHAPE = dict(vocab_size=32768, hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=8,
@@ -173,13 +174,8 @@ def _result(clock: _Clock, args) -> dict:
 
 
 def _run_side(side: str, args, tmp: str) -> dict:
-    cmd = [sys.executable, __file__, "--side", side, "--tmp", tmp, "--steps", str(args.steps), "--warmup",
-           str(args.warmup), "--threads", str(args.threads), "--chunk", str(args.chunk), "--kernel", args.kernel]
-    env = {**os.environ, "TQDM_DISABLE": "1", "PYTHONWARNINGS": "ignore"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{side} side failed:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_side(__file__, side, {"tmp": tmp, "steps": args.steps, "warmup": args.warmup, "threads": args.threads,
+                                     "chunk": args.chunk, "kernel": args.kernel})
 
 
 def main() -> None:

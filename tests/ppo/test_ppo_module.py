@@ -22,18 +22,10 @@ from align.train.train_module import AccumInfo, StepOutcome
 from align.train.trainer import Trainer, TrainerConfig
 from align.utils.tracking import read_history
 from ppo_fixtures import SHAPE, make_ppo
+from rl_fixtures import train_window
 
 
 needs_native = pytest.mark.skipif(not ce_rows.available(), reason="no C compiler to build csrc/ce_rows.c")
-
-
-def train_window(module, window):
-    units = sum(module.loss_units(mb) for mb in window)
-    for i, mb in enumerate(window):
-        module.train_batch(mb, AccumInfo(i, len(window), units, 1))
-    outcome = module.optim_step()
-    module.zero_grads()
-    return outcome
 
 
 def fit(tmp_path, name, steps, stop_at=None, **kw):

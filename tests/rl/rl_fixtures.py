@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from align.train.train_module import AccumInfo
 from align.eval.verifier import RewardResult
 from align.inference import EngineConfig
 from align.model import MistralConfig, MistralForCausalLM
@@ -101,3 +102,14 @@ def make_source(module, client, prompts=None, shape=None, dynamic=DynamicSamplin
                            advantage, seed=seed, eos_id=EOS, policy_version=lambda: module.version,
                            old_scorer=module.score if shape.old_logprobs == "recompute" else None,
                            world_size=world_size, skip_rows=skip_rows, step_credit=step_credit)
+
+
+def train_window(module, window, edit=None):
+    """One optimizer step of a TrainModule over a window of micro-batches (`edit(mb)`: keys to replace first)."""
+    window = [dict(mb, **(edit(mb) if edit else {})) for mb in window]
+    units = sum(module.loss_units(mb) for mb in window)
+    for i, mb in enumerate(window):
+        module.train_batch(mb, AccumInfo(i, len(window), units, 1))
+    outcome = module.optim_step()
+    module.zero_grads()
+    return outcome

@@ -7,23 +7,13 @@ import torch
 
 from align.rl.grpo_loss import GrpoLossConfig
 from align.rl.stage_config import DynamicSamplingConfig, RolloutShape
-from align.train.train_module import AccumInfo, StepOutcome
+from align.train.train_module import StepOutcome
 from align.train.trainer import Trainer, TrainerConfig
 from align.utils.tracking import read_history
-from rl_fixtures import make_client, make_module, make_source, never_right, tiny_model
+from rl_fixtures import make_client, make_module, make_source, never_right, tiny_model, train_window
 
 SHAPE = RolloutShape(prompts=4, samples=4, max_new_tokens=6, num_minibatches=1, micro_batch_size=8,
                      truncated="keep")
-
-
-def train_window(module, window, edit=None) -> StepOutcome:
-    window = [dict(mb, **(edit(mb) if edit else {})) for mb in window]
-    units = sum(module.loss_units(mb) for mb in window)
-    for i, mb in enumerate(window):
-        module.train_batch(mb, AccumInfo(i, len(window), units, 1))
-    outcome = module.optim_step()
-    module.zero_grads()
-    return outcome
 
 
 def setup(loss=GrpoLossConfig()):

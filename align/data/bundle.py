@@ -53,7 +53,7 @@ class BundleConfig:
     n_pairs: int = 1500
     # RL prompts: enough that GRPO's 360 steps (~7,800 prompts drawn with the top-ups) see each ~1.3 times. On 1,000
     # repeated prompts GRPO raised those prompts by 14 points and the held-out ones by ~2; on 6,000 fresh ones the
-    # held-out gain grew with the steps (docs/MEASUREMENTS.md, ladder, session 12)
+    # held-out gain grew with the steps (docs/MEASUREMENTS.md, ladder, 2026-12-04)
     n_rl: int = 6000
     # The reward model's own pair prompts (the rm_prompts -> rm_pairs -> rm_shards rungs): drawn after the other
     # splits from their own streams, so adding them changed no other file; no question text of math_pairs (or of

@@ -12,7 +12,7 @@ history's rows.
 `ReceiptEvals` runs the greedy evaluations the receipt compares before and after training: the held-out split, and
 with `[data] train_eval_rows` = N the first N of the RL prompts the stage trains on, so the receipt shows how much
 of the gain stays on the prompts the policy saw (`trained_*`) against what reaches new ones (docs/MEASUREMENTS.md,
-ladder, session 12: +14 points on the tiny profile's own prompts, +2 held-out)."""
+ladder, 2026-12-04: +14 points on the tiny profile's own prompts, +2 held-out)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 truth in the other samples of its group.
 
 Why: on the bundled task almost every wrong greedy answer is one false arithmetic step ("2 + 5 = 6", "41 + 4 =
-46"; docs/MEASUREMENTS.md, ladder, session 12), and the outcome reward says nothing about which step it was. Under
+46"; docs/MEASUREMENTS.md, ladder, 2026-12-04), and the outcome reward says nothing about which step it was. Under
 `negative_scale = 0` a wrong sample is dropped whole, with the true steps it wrote; a right one reinforces every
 token alike. The step check (align.verify.step_check) can judge each equation exactly, so each one is a verifiable
 bandit trial of one fact: the tokens of its result `c` get

@@ -16,7 +16,7 @@ def frozen_heap() -> Iterator[None]:
     lists of tokens), so full collections keep coming, and each one walks every object tracked: the imported
     modules, the model's modules and parameters, the engine's sequences. Those live through the run and are not
     garbage. On the tiny profile the walks were 5.6% of SFT's wall time and 3.2% of GRPO's (py-spy,
-    docs/MEASUREMENTS.md, ladder, session 14). Frozen objects are still freed by reference counting; only the cycle
+    docs/MEASUREMENTS.md, ladder, 2026-12-06). Frozen objects are still freed by reference counting; only the cycle
     search skips them, and only inside the block, so a process that runs several fits (tests, a notebook) leaks no
     cyclic garbage past each one. Nothing numeric changes."""
     gc.collect()

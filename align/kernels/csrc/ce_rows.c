@@ -3,7 +3,7 @@
 
    Why C: torch's log_softmax, exp_ and a batched dot are three ops, each a pass over the whole [chunk, V] block
    (56 MB for a micro-batch of ~430 label tokens at V = 32768) and each bound by memory on a CPU; they took ~40% of
-   the head's time on an AMD EPYC (docs/MEASUREMENTS.md, ladder, session 9). Here a row (V floats: 128 KB, in L2)
+   the head's time on an AMD EPYC (docs/MEASUREMENTS.md, ladder, 2026-12-04). Here a row (V floats: 128 KB, in L2)
    is read three times while it is in cache: its maximum m; then e_v = exp(x_v - m), the sum s = sum e_v and
    d = sum e_v (x_v - m); then, when a gradient is wanted, x_v <- e_v * coef / s with coef = 1 + 2 z lse, and
    x_y -= 1 (d loss / d logits). Per row:
@@ -90,7 +90,7 @@ int align_ce_rows(float *x, int64_t R, int64_t V, int64_t ld, const int64_t *y, 
 
 /* out[r] = sum_v a[r, v] * b[r, v], 16 lanes folded pairwise, the tail in order. The torch rows' entropy dot
    <p, logits> (fused_ce._chunk_stats): torch's batched dot ran as a batch of GEMVs at ~2.5 GB/s, 10% of a tiny SFT
-   step (docs/MEASUREMENTS.md, ladder, session 14); this reads both rows once at memory speed. */
+   step (docs/MEASUREMENTS.md, ladder, 2026-12-06); this reads both rows once at memory speed. */
 typedef struct {
     const float *a, *b;
     int64_t r0, r1, V, lda, ldb;

@@ -23,7 +23,7 @@
 #include "workers.h"
 
 /* a call splits its rows into jobs of at least this many. Measured (Intel Xeon, idle, 32k-token rows, ~19 us each on
-   one thread; docs/MEASUREMENTS.md, ladder, session 14): 2 threads on 8 rows were 5-18% slower than one (the
+   one thread; docs/MEASUREMENTS.md, ladder, 2026-12-06): 2 threads on 8 rows were 5-18% slower than one (the
    thread start), on 16 rows 8-26% faster, on 32-160 rows 1.4-1.9x faster. */
 #define MIN_ROWS_PER_WORKER 8
 

@@ -22,10 +22,16 @@ class Case:
     expected: float | None
     gold: str
     response: str
+    reason: str = ""  # why the label is what it is (the optional fourth field)
+
+
+# Control characters a Python string made from LaTeX holds where a backslash met an escape (`"\frac"` is form feed +
+# "rac"), written as their Unicode control pictures so the corpus file stays plain text.
+_CONTROL = str.maketrans({"⏎": "\n", "␌": "\f", "␉": "\t", "␈": "\b", "␇": "\a", "␋": "\v", "␍": "\r"})
 
 
 def expand(field: str) -> str:
-    return _REPEAT.sub(lambda m: m.group(1) * int(m.group(2)), field.strip()).replace("⏎", "\n")
+    return _REPEAT.sub(lambda m: m.group(1) * int(m.group(2)), field.strip()).translate(_CONTROL)
 
 
 def load_corpus(path: Path = CORPUS_PATH) -> list[Case]:
@@ -39,9 +45,10 @@ def load_corpus(path: Path = CORPUS_PATH) -> list[Case]:
         if not raw.strip() or raw.startswith("#"):
             continue
         parts = raw.split("|||")
-        if len(parts) != 3 or parts[0].strip() not in _EXPECTED:
-            raise ValueError(f"{path}:{number}: expected 'EXPECTED ||| GOLD ||| RESPONSE', got {raw[:80]!r}")
+        if len(parts) not in (3, 4) or parts[0].strip() not in _EXPECTED:
+            raise ValueError(f"{path}:{number}: expected 'EXPECTED ||| GOLD ||| RESPONSE [||| REASON]', got "
+                             f"{raw[:80]!r}")
         key = hashlib.sha256((parts[1].strip() + "\x00" + parts[2].strip()).encode()).hexdigest()[:10]
         cases.append(Case(key, number, category, adversarial, _EXPECTED[parts[0].strip()], expand(parts[1]),
-                          expand(parts[2])))
+                          expand(parts[2]), parts[3].strip() if len(parts) == 4 else ""))
     return cases

@@ -7,10 +7,11 @@ straight into the gradients of `hidden` and `W`. Peak extra memory is one `[chun
 `kernel="torch"`) plus the two gradients (the size of the inputs), whatever the number of tokens.
 
 The per-row passes (max, exp-sum, entropy, d loss / d logits) run in C on a CPU (`kernel="auto"`/"native",
-align.kernels.ce_rows: each row read three times while it sits in L2, the logits overwritten by their gradient) or
-as torch ops (`"torch"`, and on GPUs). On an AMD EPYC (one thread) the C rows took 13.5 ms for a 430 x 32768 chunk
-against 52 ms for torch's log_softmax + exp_ + bmm, whose exp runs at ~1 GB/s there (docs/MEASUREMENTS.md, ladder,
-session 9); the three GEMMs are then ~85% of the head.
+align.kernels.ce_rows: each row read three times while it sits in L2, the logits overwritten by their gradient), in
+Triton on a GPU (`"triton"`, or "auto" once its gate passed there: align.kernels.triton_ce, align.kernels.select) or
+as torch ops (`"torch"`, and on GPUs without a passed Triton gate). On an AMD EPYC (one thread) the C rows took
+13.5 ms for a 430 x 32768 chunk against 52 ms for torch's log_softmax + exp_ + bmm, whose exp runs at ~1 GB/s there
+(docs/MEASUREMENTS.md, ladder, session 9); the three GEMMs are then ~85% of the head.
 
 The gradient is computed during forward (the Liger approach): forward + backward cost three GEMMs, the same as the
 unfused head, instead of four for recomputation in backward. Backward only scales the stored gradients by the
@@ -30,10 +31,10 @@ from dataclasses import dataclass
 
 import torch
 
-from align.kernels import ce_rows
+from align.kernels import ce_rows, select, triton_ce
 
 IGNORE_INDEX = -100
-KERNELS = ("auto", "native", "torch")  # the per-row passes: C on a CPU where it builds, or torch ops
+KERNELS = ("auto", "native", "torch", "triton")  # the per-row passes: C on a CPU where it builds, Triton, torch ops
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,7 @@ def _row_dots(probs: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
 class _FusedLinearCE(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, targets, z_loss_weight: float, chunk_size: int, want_h: bool, want_w: bool,
-                workspace: CEWorkspace, native: bool):
+                workspace: CEWorkspace, rows_impl: str):
         # shape: hidden (N, D) label rows only, weight (V, D), targets (N,) in [0, V)
         grad_h = torch.empty_like(hidden) if want_h else None
         grad_w = None  # (V, D) fp32: the first chunk's GEMM writes it, the later ones add to it
@@ -104,8 +105,10 @@ class _FusedLinearCE(torch.autograd.Function):
                 torch.matmul(h, weight.t(), out=logits)
             else:
                 logits.copy_(h @ weight.t())
-            if native:  # one C pass per row, in cache; the logits become d loss / d logits in place
-                lse, ce, ent = ce_rows.ce_rows_(logits, y, z_loss_weight, want_grad)
+            native = rows_impl != "torch"
+            if native:  # one C / Triton pass per row, in cache; the logits become d loss / d logits in place
+                row_pass = ce_rows.ce_rows_ if rows_impl == "native" else triton_ce.ce_rows_
+                lse, ce, ent = row_pass(logits, y, z_loss_weight, want_grad)
                 probs = logits
             else:
                 probs = workspace.get("probs", h.shape[0], weight.shape[0], h.device)
@@ -154,7 +157,7 @@ def fused_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, label
     hidden: (..., D) already aligned with labels (..., ): position i predicts labels[i] (shift before calling).
     weight: (V, D), the LM head (tied or not). Labels equal to `ignore_index` are skipped before any GEMM.
     workspace: buffers to reuse across calls (a TrainModule's); None allocates them for this call only.
-    kernel: "auto" | "native" | "torch", where the per-row passes run (`use_native`)."""
+    kernel: "auto" | "native" | "torch" | "triton", where the per-row passes run (`rows_kernel`)."""
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     flat_h = hidden.reshape(-1, hidden.shape[-1])  # shape: (N, D)
@@ -170,16 +173,26 @@ def fused_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, label
     loss, ce, z, ent = _FusedLinearCE.apply(rows, weight, targets, float(z_loss_weight), int(chunk_size),
                                             grad_on and rows.requires_grad, grad_on and weight.requires_grad,
                                             workspace if workspace is not None else CEWorkspace(),
-                                            use_native(kernel, hidden.device))
+                                            rows_kernel(kernel, hidden.device))
     return FusedCEOutput(loss=loss, ce_sum=ce, z_sum=z, entropy_sum=ent, tokens=int(targets.numel()))
+
+
+def rows_kernel(kernel: str, dev: torch.device) -> str:
+    """Where the per-row passes run: "triton" ("triton" demands it; "auto" on CUDA once its gate passed:
+    align.kernels.select), else "native" or "torch" as `use_native` decides (a CPU's "auto" is unchanged)."""
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+    if kernel in ("auto", "triton") and select.resolve("fused_ce", kernel, dev) == "triton":
+        return "triton"
+    return "native" if use_native(kernel, dev) else "torch"
 
 
 def use_native(kernel: str, dev: torch.device) -> bool:
     """Whether the per-row passes run in C (align.kernels.ce_rows): "native" demands it (CPU only; raises where it
-    cannot be built), "torch" never, "auto" on a CPU where the C build works."""
+    cannot be built), "torch" and "triton" never, "auto" on a CPU where the C build works."""
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
-    if kernel == "torch" or (kernel == "auto" and dev.type != "cpu"):
+    if kernel in ("torch", "triton") or (kernel == "auto" and dev.type != "cpu"):
         return False
     if dev.type != "cpu":
         raise ValueError(f"kernel 'native' runs on a CPU, the head is on {dev}")

@@ -17,7 +17,11 @@ training step (4 instead of 3); the reward is that peak extra memory is one (chu
 `torch.no_grad()` (the reference cache) nothing is saved and forward is one GEMM per chunk.
 
 Label convention: `labels[b, t]` is the token that `hidden[b, t]` predicts (already shifted). `next_token_labels`
-turns input-aligned labels (transformers' convention, where the model shifts) into this form."""
+turns input-aligned labels (transformers' convention, where the model shifts) into this form.
+
+`kernel` ("auto" | "torch" | "triton", align.kernels.select, name "seq_logprob"): the per-row passes (logsumexp in
+forward, the in-place softmax gradient in backward) in torch ops, or one Triton program per row (align.kernels
+.triton_ce); "auto" is torch on a CPU and Triton on CUDA once its equivalence gate passed there."""
 
 from __future__ import annotations
 
@@ -25,6 +29,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from align.kernels import select, triton_ce
 
 IGNORE_INDEX = -100
 ARMS = ("chosen", "rejected")
@@ -43,7 +49,7 @@ def _acc_dtype(t: torch.Tensor) -> torch.dtype:
 
 class _ChunkedTokenLogprob(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, targets, chunk_size: int):
+    def forward(ctx, hidden, weight, targets, chunk_size: int, use_triton: bool):
         # shape: hidden (N, D) labelled rows only, weight (V, D), targets (N,) in [0, V) -> logp (N,) fp32
         n, acc = hidden.shape[0], _acc_dtype(hidden)
         logp = torch.empty(n, dtype=acc, device=hidden.device)
@@ -51,6 +57,10 @@ class _ChunkedTokenLogprob(torch.autograd.Function):
         for start in range(0, n, chunk_size):
             stop = min(start + chunk_size, n)
             logits = (hidden[start:stop] @ weight.t()).to(acc)  # (c, V)
+            if use_triton:  # one program per row: lse and lse - logit_y, no second (c, V) pass in torch
+                lse[start:stop], ce, _ = triton_ce.ce_rows_(logits, targets[start:stop], 0.0, False)
+                logp[start:stop] = -ce
+                continue
             target_logit = logits.gather(1, targets[start:stop, None]).squeeze(1)
             # logsumexp in place (torch.logsumexp allocates a second (c, V) buffer)
             peak = logits.amax(dim=-1)
@@ -58,7 +68,7 @@ class _ChunkedTokenLogprob(torch.autograd.Function):
             lse[start:stop] = chunk_lse
             logp[start:stop] = target_logit - chunk_lse
         ctx.save_for_backward(hidden, weight, targets, lse)
-        ctx.chunk_size = chunk_size
+        ctx.chunk_size, ctx.use_triton = chunk_size, use_triton
         return logp
 
     @staticmethod
@@ -73,9 +83,11 @@ class _ChunkedTokenLogprob(torch.autograd.Function):
             stop = min(start + ctx.chunk_size, hidden.shape[0])
             h, y, g = hidden[start:stop], targets[start:stop], grad_logp[start:stop]
             dlogits = (h @ weight.t()).to(acc)  # (c, V), recomputed
-            # in place: softmax, then g * (onehot - softmax)
-            dlogits.sub_(lse[start:stop, None]).exp_().mul_(-g[:, None])
-            dlogits[torch.arange(stop - start, device=y.device), y] += g
+            if ctx.use_triton:  # in place: -g * (softmax - onehot) in one pass per row
+                triton_ce.softmax_grad_rows_(dlogits, y, lse[start:stop], -g)
+            else:  # in place: softmax, then g * (onehot - softmax)
+                dlogits.sub_(lse[start:stop, None]).exp_().mul_(-g[:, None])
+                dlogits[torch.arange(stop - start, device=y.device), y] += g
             if grad_h is not None:
                 torch.matmul(dlogits.to(hidden.dtype), weight, out=grad_h[start:stop])  # (c, D)
             if grad_w is not None:
@@ -85,7 +97,7 @@ class _ChunkedTokenLogprob(torch.autograd.Function):
                     grad_w.add_(dlogits.to(h.dtype).t() @ h)
         if grad_w is not None:
             grad_w = grad_w.to(weight.dtype)
-        return grad_h, grad_w, None, None
+        return grad_h, grad_w, None, None, None
 
 
 def next_token_labels(labels: torch.Tensor, ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
@@ -97,7 +109,7 @@ def next_token_labels(labels: torch.Tensor, ignore_index: int = IGNORE_INDEX) ->
 
 
 def sequence_logprobs(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, *, chunk_size: int = 1024,
-                      ignore_index: int = IGNORE_INDEX) -> SequenceLogprobs:
+                      ignore_index: int = IGNORE_INDEX, kernel: str = "auto") -> SequenceLogprobs:
     """Summed log p(labels) per sequence. hidden (B, T, D), weight (V, D), labels (B, T) aligned with hidden."""
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
@@ -110,17 +122,22 @@ def sequence_logprobs(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.
     if targets.numel() and (int(targets.min()) < 0 or int(targets.max()) >= weight.shape[0]):
         raise ValueError(f"labels must lie in [0, {weight.shape[0]}) or equal {ignore_index}")
     rows = hidden.reshape(b * t, -1).index_select(0, keep)  # (n, D)
-    logp = _ChunkedTokenLogprob.apply(rows, weight, targets, int(chunk_size))  # (n,)
+    fp32_rows = _acc_dtype(hidden) == torch.float32  # fp64 (tests, gradcheck): torch, unless asked otherwise
+    use_triton = (fp32_rows or kernel == "triton") and select.resolve("seq_logprob", kernel, hidden.device) == "triton"
+    if use_triton and not fp32_rows:
+        raise ValueError(f"the Triton log-prob rows accumulate in fp32; hidden is {hidden.dtype}")
+    logp = _ChunkedTokenLogprob.apply(rows, weight, targets, int(chunk_size), use_triton)  # (n,)
     seq = torch.div(keep, t, rounding_mode="floor")
     sums = torch.zeros(b, dtype=logp.dtype, device=hidden.device).index_add(0, seq, logp)
     return SequenceLogprobs(logps=sums, tokens=torch.bincount(seq, minlength=b))
 
 
 def model_sequence_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor, *,
-                            chunk_size: int = 1024) -> SequenceLogprobs:
+                            chunk_size: int = 1024, kernel: str = "auto") -> SequenceLogprobs:
     """Score a batch with an align causal LM (`forward_hidden` + `lm_head`): input-aligned labels, -100 = unscored."""
     hidden = model.forward_hidden(input_ids, attention_mask)  # (B, T, D)
-    return sequence_logprobs(hidden, model.lm_head.weight, next_token_labels(labels), chunk_size=chunk_size)
+    return sequence_logprobs(hidden, model.lm_head.weight, next_token_labels(labels), chunk_size=chunk_size,
+                             kernel=kernel)
 
 
 @dataclass(frozen=True)
@@ -146,11 +163,11 @@ def stack_arms(batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return ids, mask, labels
 
 
-def pair_logprobs(model, batch: dict, chunk_size: int = 1024) -> PairLogprobs:
+def pair_logprobs(model, batch: dict, chunk_size: int = 1024, kernel: str = "auto") -> PairLogprobs:
     """Both arms of every pair of a preference batch scored in ONE forward of `model` (on the model's device)."""
     dev = model.lm_head.weight.device
     ids, mask, labels = (x.to(dev) for x in stack_arms(batch))  # shape: (2B, T)
-    seq = model_sequence_logprobs(model, ids, mask, labels, chunk_size=chunk_size)
+    seq = model_sequence_logprobs(model, ids, mask, labels, chunk_size=chunk_size, kernel=kernel)
     chosen, rejected = seq.logps.chunk(2)
     chosen_tokens, rejected_tokens = seq.tokens.chunk(2)
     return PairLogprobs(chosen, rejected, chosen_tokens, rejected_tokens)

@@ -5,6 +5,12 @@ them directly. Every function here accepts any number of leading dimensions; onl
 for RoPE, the head dimension layout matter. Numerics follow transformers' Mistral exactly, including where bf16
 rounding happens (norm statistics in fp32, cast back before the weight multiply; cos/sin in fp32, cast to the
 activation dtype), so that bf16 parity is a matter of kernel order, not of a different formula.
+
+Kernels: the modules (RMSNorm, MistralMLP, and the attention's RoPE in align.model.mistral) carry a `kernel` choice,
+"auto" by default (align.kernels.select): torch everywhere except on CUDA once the Triton twin
+(align/kernels/triton_norm.py, triton_rope.py, triton_swiglu.py) passed its equivalence gate there; "torch" forces
+these functions; `set_kernels(model, choice)` sets every module of a model. The plain functions stay torch (the
+inference engine calls them directly).
 """
 
 from __future__ import annotations
@@ -12,6 +18,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from align.kernels import select, triton_norm, triton_rope, triton_swiglu
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -27,12 +35,17 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 class RMSNorm(nn.Module):
     """Root-mean-square layer norm with a learned scale (`weight`, HF name), no bias."""
 
+    kernel_name = "rms_norm"
+
     def __init__(self, dim: int, eps: float):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
+        self.kernel = "auto"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if select.resolve(self.kernel_name, self.kernel, x.device) == "triton":
+            return triton_norm.rms_norm(x, self.weight, self.eps)
         return rms_norm(x, self.weight, self.eps)
 
     def reset_parameters(self) -> None:
@@ -66,10 +79,13 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kernel: str = "torch") -> torch.Tensor:
     """Rotate x: (..., T, H, Dh) token-major with cos/sin: (..., T, Dh). The head axis is broadcast.
 
-    For a flat batch of tokens, x: (N, H, Dh) with cos/sin: (N, Dh) works the same way."""
+    For a flat batch of tokens, x: (N, H, Dh) with cos/sin: (N, Dh) works the same way. `kernel`: see the module
+    docstring (kernel name "rope")."""
+    if kernel != "torch" and select.resolve("rope", kernel, x.device) == "triton":
+        return triton_rope.apply_rope(x, cos, sin)
     cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)  # (..., T, 1, Dh): broadcast over heads
     return x * cos + rotate_half(x) * sin
 
@@ -77,11 +93,27 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 class MistralMLP(nn.Module):
     """SwiGLU feed-forward: down(silu(gate(x)) * up(x)). x: (..., D) -> (..., D). HF parameter names."""
 
+    kernel_name = "swiglu"
+
     def __init__(self, hidden_size: int, intermediate_size: int):
         super().__init__()
         self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
         self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+        self.kernel = "auto"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if select.resolve(self.kernel_name, self.kernel, x.device) == "triton":
+            return self.down_proj(triton_swiglu.swiglu(self.gate_proj(x), self.up_proj(x)))
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def set_kernels(model: nn.Module, kernel: str) -> int:
+    """Set the kernel choice ("auto" | "torch" | "triton") of every module of `model` that has one (a class
+    `kernel_name`); returns how many. The choice is resolved per forward, on the tensors' device."""
+    if kernel not in select.CHOICES:
+        raise ValueError(f"kernel must be one of {select.CHOICES}, got {kernel!r}")
+    mods = [m for m in model.modules() if getattr(type(m), "kernel_name", None)]
+    for m in mods:
+        m.kernel = kernel
+    return len(mods)

@@ -28,8 +28,11 @@ Rope = tuple[torch.Tensor, torch.Tensor]
 class MistralAttention(nn.Module):
     """Grouped-query self-attention with RoPE. Projections named as in HF (q_proj, k_proj, v_proj, o_proj)."""
 
+    kernel_name = "rope"  # the rotation's kernel choice (align.model.layers.set_kernels)
+
     def __init__(self, cfg: MistralConfig, layer_idx: int, attn: AttentionConfig):
         super().__init__()
+        self.kernel = "auto"
         self.layer_idx = layer_idx
         self.num_heads, self.num_kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
         self.head_dim = cfg.head_dim
@@ -60,7 +63,7 @@ class MistralAttention(nn.Module):
         q = q.unflatten(-1, (self.num_heads, self.head_dim))
         k = k.unflatten(-1, (self.num_kv_heads, self.head_dim))
         v = v.unflatten(-1, (self.num_kv_heads, self.head_dim))
-        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+        return apply_rope(q, cos, sin, self.kernel), apply_rope(k, cos, sin, self.kernel), v
 
     def project(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The flat q, k, v projections (..., H*Dh | KVH*Dh) before RoPE; a family with QK-norm overrides this."""

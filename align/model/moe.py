@@ -31,6 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from align.kernels import select, triton_moe
+
 Backend = Literal["loop", "grouped"]
 BACKENDS: tuple[str, ...] = ("loop", "grouped")
 RouterDtype = Literal["activation", "fp32"]
@@ -237,9 +239,12 @@ class SparseMoeBlock(nn.Module):
     it (the process groups) and puts an `ExpertShard` in `experts`, which moves the sorted rows to the ranks that
     hold their experts and back, so this forward is the same code with and without EP."""
 
+    kernel_name = "moe_permute"  # tokens to experts and back: torch gathers or align/kernels/triton_moe.py
+
     def __init__(self, hidden_size: int, intermediate_size: int, num_experts: int, top_k: int,
                  norm_topk_prob: bool, backend: Backend = "loop", router_dtype: RouterDtype = "activation"):
         super().__init__()
+        self.kernel = "auto"
         if not 1 <= top_k <= num_experts:
             raise ValueError(f"top_k must be in [1, num_experts={num_experts}], got {top_k}")
         self.gate = Router(hidden_size, num_experts, router_dtype)
@@ -251,6 +256,11 @@ class SparseMoeBlock(nn.Module):
         flat = x.reshape(-1, x.shape[-1])
         routing = route(self.gate(flat), self.top_k, self.norm_topk_prob, weight_dtype=x.dtype)
         dispatch = sort_by_expert(routing.topk_ids, self.num_experts)
+        if select.resolve(self.kernel_name, self.kernel, x.device) == "triton":
+            order, inverse, k = dispatch.order, dispatch.inverse, dispatch.top_k
+            y = self.experts(triton_moe.permute(flat, order, inverse, k), dispatch.counts)
+            out = combine(triton_moe.unpermute(y, order, inverse, k), routing.topk_weights)
+            return out.view_as(x), routing.logits
         y = self.experts(gather_rows(flat, dispatch), dispatch.counts)
         return combine(unsort_rows(y, dispatch), routing.topk_weights).view_as(x), routing.logits
 

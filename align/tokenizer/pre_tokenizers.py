@@ -54,7 +54,11 @@ def _split_pre_tokenizer(spec: dict, where: str) -> PreTokenizer:
     if "String" in pattern:
         regex = re.compile(re.escape(pattern["String"]))
     elif "Regex" in pattern:
-        regex = compile_onig(pattern["Regex"])
+        try:
+            regex = compile_onig(pattern["Regex"])
+        except NotImplementedError as exc:  # one error naming the field: the pattern is not run approximately
+            raise NotImplementedError(f"{where}.pattern.Regex {pattern['Regex']!r} cannot be translated exactly "
+                                      f"to Python's re: {exc}") from exc
     else:
         raise NotImplementedError(f"{where}: Split pattern {pattern!r}")
     behavior = spec.get("behavior", "Removed")

@@ -66,6 +66,11 @@ class StageSpec:
     def code_modules(self) -> tuple[str, ...]:
         return (self.worker, *self.code)
 
+    @property
+    def listing(self) -> str:
+        """What `doit list` shows: the doc and the worker's file, so a rung's code is one step from its task name."""
+        return f"{self.doc}  [{self.worker.replace('.', '/')}.py]"
+
 
 def order_stages(stages: Iterable[StageSpec], ladder: Sequence[str] = LADDER) -> list[StageSpec]:
     """Stages sorted by ladder position; a duplicate or an off-ladder name is a declaration error."""

@@ -32,7 +32,8 @@ def test_variants_become_subtasks_with_their_own_run_dirs(project):
     spec = _spec(variants=lambda layout: ["sft", "eval"], args=lambda ctx: [f"x.split={ctx.variant}"],
                  file_dep=lambda ctx: [ctx.stage_dir("ingest", "math") / "manifest.json"])
     tasks = list(ladder_tasks(project, "p", [spec]))
-    assert tasks[0] == {"basename": "shards", "name": None, "doc": "tokenise"}  # the group task's doc
+    # the group task's doc: the stage's doc and its worker's file (`doit list` leads to the rung's code)
+    assert tasks[0] == {"basename": "shards", "name": None, "doc": "tokenise  [toypkg/w.py]"}
     sft, ev = tasks[1], tasks[2]
     runs = project.root / "runs" / "p"
     assert (sft["basename"], sft["name"], ev["name"]) == ("shards", "sft", "eval")

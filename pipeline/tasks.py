@@ -49,7 +49,7 @@ def ladder_tasks(project: Project, profile: str, stages: Sequence[StageSpec]) ->
     for spec in stages:
         ctxs = spec.contexts(layout)
         if spec.variants is not None:
-            yield {"basename": spec.name, "name": None, "doc": spec.doc}
+            yield {"basename": spec.name, "name": None, "doc": spec.listing}
         digest = code_digest(project.root, spec.code_modules(), project.packages)  # one per stage, not per variant
         for ctx in ctxs:
             plan = launcher.plan(spec, ctx, project, digest, common, common_problem)
@@ -59,7 +59,7 @@ def ladder_tasks(project: Project, profile: str, stages: Sequence[StageSpec]) ->
 def _task(spec: StageSpec, plan: launcher.Launch, variant: str | None) -> dict:
     task = {
         "basename": spec.name,
-        "doc": spec.doc,
+        "doc": spec.listing,
         "actions": [(launcher.execute, [plan])],
         "file_dep": [str(p) for p in plan.file_dep],
         "targets": [str(p) for p in (*plan.targets, plan.receipt)],

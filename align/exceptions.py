@@ -12,6 +12,7 @@ TRIPWIRE_HALT = 80
 NONFINITE_HALT = 81
 WALL_BUDGET = 82
 PREFLIGHT_REFUSED = 83
+DISK_FULL = 84  # a write found no space (ENOSPC), hit a quota (EDQUOT) or a read-only filesystem (EROFS)
 
 HALT_CODES = frozenset({TRIPWIRE_HALT, NONFINITE_HALT, WALL_BUDGET})
 
@@ -20,6 +21,7 @@ NAMES = {
     NONFINITE_HALT: "non-finite / skip-cap halt",
     WALL_BUDGET: "wall budget spent",
     PREFLIGHT_REFUSED: "preflight refused",
+    DISK_FULL: "disk full",
     BAD_INPUT: "bad input",
 }
 
@@ -54,6 +56,14 @@ class ExitCodeError(RuntimeError):
 
 class HaltError(ExitCodeError):
     """A verdict about the run (tripwire, non-finite, skip cap): the supervisor must not relaunch it."""
+
+
+class DiskFullError(ExitCodeError):
+    """A write failed for lack of space (ENOSPC), quota (EDQUOT) or a read-only filesystem (EROFS): names the path,
+    the bytes being written and the free space. Exit 84; nothing half-written is left (align.utils.fsio)."""
+
+    def __init__(self, message: str):
+        super().__init__(message, DISK_FULL)
 
 
 class PreflightRefused(ExitCodeError):

@@ -14,8 +14,8 @@ import traceback
 from pathlib import Path
 from typing import Callable, NoReturn
 
-from align.exceptions import (BAD_INPUT, HALT_CODES, NAMES, NONFINITE_HALT, OK, PREFLIGHT_REFUSED, TRIPWIRE_HALT,
-                               WALL_BUDGET, AlignInputError, ExitCodeError)
+from align.exceptions import (BAD_INPUT, DISK_FULL, HALT_CODES, NAMES, NONFINITE_HALT, OK, PREFLIGHT_REFUSED,
+                               TRIPWIRE_HALT, WALL_BUDGET, AlignInputError, ExitCodeError)
 from align.utils.fsio import atomic_write_json
 
 # OK .. NAMES above are re-exported: callers of the supervisor contract read the codes from here.

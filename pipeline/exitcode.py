@@ -1,5 +1,6 @@
-"""Make the doit process exit with the failing worker's code (2 bad input, 80-82 halts, 83 refused) instead of
-doit's generic 1, so a script or CI can tell a refusal from a crash.
+"""Make the doit process exit with the failing worker's code (2 bad input, 80-82 halts, 83 refused, 84 disk full)
+instead of doit's generic 1, so a script or CI can tell a refusal from a crash. An interrupt (Ctrl-C, SIGTERM) ends
+with one line and the worker's exit code (128+N), never a Python traceback (`_excepthook`).
 
 doit returns 1 for any failed task and its console script passes that to `sys.exit`. An `atexit` hook runs after
 doit has returned, i.e. after it has saved its dependency database, and replaces the status with the first recorded
@@ -14,6 +15,8 @@ import sys
 
 _codes: list[int] = []
 _installed = False
+_quiet_interrupt = False
+INTERRUPTED = 130  # Ctrl-C outside a worker: the shell's 128 + SIGINT
 
 
 def record(code: int) -> None:
@@ -22,6 +25,24 @@ def record(code: int) -> None:
 
 def recorded() -> list[int]:
     return list(_codes)
+
+
+def interrupted_quietly() -> None:
+    """The launcher has said in one line what an interrupt stopped; the KeyboardInterrupt that then unwinds doit
+    prints nothing more."""
+    global _quiet_interrupt
+    _quiet_interrupt = True
+
+
+def _excepthook(kind, value, tb, _previous=sys.excepthook) -> None:
+    """Ctrl-C / SIGTERM end doit without a Python traceback: one line (the launcher's, or this one between tasks)."""
+    if not issubclass(kind, KeyboardInterrupt):
+        _previous(kind, value, tb)
+        return
+    if not _quiet_interrupt:
+        print("doit: interrupted (no task was running a worker)", file=sys.stderr, flush=True)
+    if not _codes:
+        _codes.append(INTERRUPTED)
 
 
 def _is_doit_cli() -> bool:
@@ -42,4 +63,5 @@ def install() -> None:
     global _installed
     if not _installed and _is_doit_cli():
         atexit.register(_exit_with_recorded)
+        sys.excepthook = _excepthook
         _installed = True

@@ -15,6 +15,7 @@ from pipeline.report import report_task
 from pipeline.smoke import smoke_task
 from pipeline.stage import StageSpec, discover
 from pipeline.tasks import blocked_tasks, doit_config, ladder_tasks, prepare_runs, task_name
+from pipeline.verify import verify_task
 
 
 def install(namespace: dict, project: Project | None = None, stages: Sequence[StageSpec] | None = None,
@@ -36,6 +37,7 @@ def install(namespace: dict, project: Project | None = None, stages: Sequence[St
     default = [t for t in runnable if t["basename"] not in extra]
     tasks.append(smoke_task(project, profile, default, blocked, dodo))
     tasks.append(report_task(project, profile, default))  # an extra rung's receipt is read when present
+    tasks.append(verify_task(project, profile, stages))  # `doit profile=P verify`: never part of plain `doit`
     namespace["DOIT_CONFIG"] = {**doit_config(project, profile), "default_tasks": [task_name(t) for t in default]}
 
     def task_ladder():

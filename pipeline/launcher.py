@@ -2,7 +2,7 @@
 
 Resolved when doit builds its task list (`plan`), run as the task's action (`execute`):
   1. refuse at once, with one line, what cannot work: a missing or malformed config, a bad common.toml, a missing
-     worker module;
+     worker module, an input artifact whose files no longer match its manifest (exit 2: nothing is built on it);
   2. heavy stages: take the host's heavy-job lock, then the host preflight (exit 83 on refusal);
   3. run the worker under the supervisor (own process group, output streamed and appended to
      `<run_dir>/worker.log`, bounded relaunch), `torchrun` when the profile asks for more than one rank: one node
@@ -25,9 +25,12 @@ from pathlib import Path
 from doit.exceptions import TaskFailed
 
 from align.config import ConfigError
-from align.exceptions import ExitCodeError
+from align.exceptions import ArtifactError, DiskFullError, ExitCodeError
 from align.exit_codes import BAD_INPUT
-from align.utils.fsio import sha256_bytes
+from align.utils.fsio import disk_full_error, sha256_bytes
+from align.utils.manifest import MANIFEST, verify_artifact
+from align.utils.numerics import PINNED_ENV, host_fingerprint
+from align.utils.stat_cache import CACHE_ENV
 from align.profile import CommonConfig
 from align.utils.guard import HeavyJobLock, preflight, resolve_lock_path
 from align.utils.supervisor import SupervisedResult, supervise
@@ -131,8 +134,14 @@ def execute(launch: Launch) -> TaskFailed | None:
     absent = [relative_to_root(p, launch.root) for p in launch.file_dep if not p.exists()]
     if absent:  # doit runs a task whose input no task produces; say so instead of letting the worker find out
         return _fail(BAD_INPUT, f"{launch.task}: input {absent[0]} does not exist and no declared stage produces it")
-    launch.run_dir.mkdir(parents=True, exist_ok=True)
-    launch.receipt.unlink(missing_ok=True)  # a receipt must never describe outputs being replaced
+    modified = verify_inputs(launch)
+    if modified is not None:
+        return _fail(BAD_INPUT, modified)
+    try:
+        launch.run_dir.mkdir(parents=True, exist_ok=True)
+        launch.receipt.unlink(missing_ok=True)  # a receipt must never describe outputs being replaced
+    except OSError as exc:
+        return _disk_or_raise(launch, launch.run_dir, exc)
     lock = None
     try:
         if launch.heavy:
@@ -144,13 +153,18 @@ def execute(launch: Launch) -> TaskFailed | None:
         result = _run_worker(launch, lock)
     except ExitCodeError as exc:
         return _fail(exc.exit_code, f"{launch.task}: {exc}")
+    except OSError as exc:  # worker.log on a full disk
+        return _disk_or_raise(launch, launch.log, exc)
     finally:
         if lock is not None:
             lock.release()
     if result.signalled:
         # Ctrl-C / SIGTERM reached doit (and, forwarded, the worker, which stopped cleanly): stop the whole run the
         # way doit stops on Ctrl-C (it saves its database and runs nothing else), exiting with the worker's code.
+        # One line says what stopped and what it left; pipeline.exitcode keeps Python's traceback off the terminal.
         exitcode.record(result.exit_code)
+        print(f"align: {interrupted_line(launch, result.exit_code)}", file=sys.stderr, flush=True)
+        exitcode.interrupted_quietly()
         raise KeyboardInterrupt(f"{launch.task}: interrupted; worker exited {result.exit_code}")
     if result.exit_code != 0:
         said = result.last_line.removeprefix("align: ")
@@ -161,12 +175,62 @@ def execute(launch: Launch) -> TaskFailed | None:
         return _fail(1, f"{launch.task}: worker exited 0 but did not publish {', '.join(missing)}")
     if launch.node_rank != 0:  # one receipt per task: node 0's launcher writes it
         return None
-    write_receipt(launch.receipt, task=launch.task, profile=launch.profile, root=launch.root,
-                  inputs=launch.file_dep, outputs=launch.targets, code_digest=launch.code_digest,
-                  config_digest=sha256_bytes(launch.config.encode()), config=_resolved_config(launch),
-                  metrics=read_metrics(launch.run_dir), wall_s=time.monotonic() - t0,
-                  extra={"argv": list(launch.argv[1:])})
+    try:
+        write_receipt(launch.receipt, task=launch.task, profile=launch.profile, root=launch.root,
+                      inputs=launch.file_dep, outputs=launch.targets, code_digest=launch.code_digest,
+                      config_digest=sha256_bytes(launch.config.encode()), config=_resolved_config(launch),
+                      metrics=read_metrics(launch.run_dir), wall_s=time.monotonic() - t0,
+                      extra={"argv": list(launch.argv[1:]), "numerics": numerics_env()})
+    except DiskFullError as exc:  # no receipt: doit records nothing as done and reruns the task next time
+        return _fail(exc.exit_code, f"{launch.task}: receipt not written: {exc}")
     return None
+
+
+def stat_cache_dir(runs: Path) -> Path | None:
+    """The stat cache the workers of a profile share (align.utils.stat_cache): runs/<profile>/.stat_cache."""
+    explicit = os.environ.get(CACHE_ENV)
+    if explicit:
+        return None if explicit == "off" else Path(explicit)
+    return runs / ".stat_cache"
+
+
+def verify_inputs(launch: Launch) -> str | None:
+    """Check every input artifact (a `file_dep` that is a manifest) against its manifest's sha256s before the
+    worker runs; the stat cache makes an unchanged artifact cost one stat per file. Returns the refusal line."""
+    cache = stat_cache_dir(launch.runs)
+    for dep in launch.file_dep:
+        if dep.name != MANIFEST:
+            continue  # a plain file input: doit's md5 of it already notices any change
+        try:
+            verify_artifact(dep.parent, cache_dir=cache, profile=launch.profile)
+        except ArtifactError as exc:
+            return f"{launch.task}: input {relative_to_root(dep.parent, launch.root)} was modified: {exc}"
+    return None
+
+
+def _disk_or_raise(launch: Launch, path: Path, exc: OSError) -> TaskFailed:
+    err = disk_full_error(path, None, exc)
+    if err is None:
+        raise exc
+    return _fail(err.exit_code, f"{launch.task}: {err}")
+
+
+def interrupted_line(launch: Launch, code: int) -> str:
+    """`<task>: interrupted; worker exited N; it left checkpoint <path>` (the newest complete one, if any)."""
+    left = newest_checkpoint(launch.run_dir)
+    where = (f"it left checkpoint {relative_to_root(left, launch.root)} (the next run resumes from it)"
+             if left is not None else "no checkpoint was left (the next run starts the stage afresh)")
+    return f"{launch.task}: interrupted; worker exited {code}; {where}"
+
+
+def newest_checkpoint(run_dir: Path) -> Path | None:
+    """The complete `checkpoints/step_<N>` (its manifest present) with the highest N, by path alone (no torch)."""
+    found = []
+    for path in (run_dir / "checkpoints").glob("step_*"):
+        step = path.name.removeprefix("step_")
+        if step.isdigit() and (path / MANIFEST).is_file():
+            found.append((int(step), path))
+    return max(found)[1] if found else None
 
 
 def _resolved_config(launch: Launch) -> str:
@@ -187,6 +251,18 @@ def _malloc_env() -> dict[str, str]:
     return {key: os.environ.get(key, value) for key, value in MALLOC_ENV.items()}
 
 
+def _numerics_env() -> dict[str, str]:
+    """Thread counts that must not follow the host's load (align.utils.numerics): exported values win."""
+    return {key: os.environ.get(key, value) for key, value in PINNED_ENV.items()}
+
+
+def numerics_env() -> dict:
+    """What the receipt records of the worker's numerics: the host and the pinned variables the worker got."""
+    found = host_fingerprint()
+    found["env"] = {**found["env"], **_numerics_env()}
+    return found
+
+
 def _run_worker(launch: Launch, lock: HeavyJobLock | None) -> SupervisedResult:
     env = dict(os.environ, ALIGN_PROFILE=launch.profile, ALIGN_RUN_DIR=str(launch.run_dir),
                ALIGN_RUNS_DIR=str(launch.runs), ALIGN_ROOT=str(launch.root),
@@ -195,7 +271,7 @@ def _run_worker(launch: Launch, lock: HeavyJobLock | None) -> SupervisedResult:
                # NOTE: a spinning OpenMP pool (the default ACTIVE wait) on a host shared with other jobs waits on a
                # descheduled peer: the tiny SFT ran 6x slower under load. An exported OMP_WAIT_POLICY wins.
                OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
-               **_malloc_env(),
+               **_malloc_env(), **_numerics_env(),
                PYTHONPATH=os.pathsep.join(p for p in (str(launch.root), os.environ.get("PYTHONPATH")) if p))
     common = launch.common
     check = (lambda: preflight(common.preflight, launch.run_dir)) if launch.heavy else None

@@ -24,7 +24,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from align.data.encoding import Encoded
+from align.data.mixture import RowMixture
 from align.exceptions import ArtifactError
+from align.utils.fsio import disk_errors
 from align.utils.manifest import manifest_digest, read_manifest
 
 KIND = "token_shards"
@@ -62,11 +64,19 @@ def write_shard(directory: Path, name: str, encoded: list[Encoded], metas: list[
     if tokens.size and (tokens.min() < 0 or tokens.max() >= np.iinfo(dtype).max + 1):
         raise ValueError(f"{name}: token id outside the range of {dtype}")
     files = shard_files(name)
-    np.save(directory / files["tokens"], tokens.astype(dtype))
-    np.save(directory / files["masks"], np.concatenate(masks) if masks else np.zeros(0, dtype=np.uint8))
-    np.save(directory / files["offsets"], offsets)
-    pq.write_table(pa.Table.from_pylist(metas, schema=ROW_SCHEMA), directory / files["rows"],
-                   compression="zstd", write_statistics=False)
+    arrays = {"tokens": tokens.astype(dtype), "offsets": offsets,
+              "masks": np.concatenate(masks) if masks else np.zeros(0, dtype=np.uint8)}
+    # A full disk: this shard's files are removed (its done marker was never written), then one DiskFullError.
+    with disk_errors(directory / name, sum(a.nbytes for a in arrays.values())):
+        try:
+            for part in ("tokens", "masks", "offsets"):
+                np.save(directory / files[part], arrays[part])
+            pq.write_table(pa.Table.from_pylist(metas, schema=ROW_SCHEMA), directory / files["rows"],
+                           compression="zstd", write_statistics=False)
+        except BaseException:
+            for file in files.values():
+                (directory / file).unlink(missing_ok=True)
+            raise
     loss_tokens = int(sum(int(m.sum()) for m in masks))
     return ShardStats(rows=len(encoded), sequences=len(ids), tokens=int(offsets[-1]), loss_tokens=loss_tokens,
                       dropped_too_long=dropped, truncated=sum(r.truncated for r in encoded))
@@ -93,8 +103,9 @@ class ShardSet:
 
     @classmethod
     def open(cls, path: str | Path, *, kind: str | None = None, tokenizer_hash: str | None = None,
-             verify_hashes: bool = False) -> ShardSet:
-        """Open and validate. `kind` ("sft" | "pairs" | "prompts") and `tokenizer_hash` refuse a mismatch."""
+             verify_hashes: bool = True) -> ShardSet:
+        """Open and validate. `kind` ("sft" | "pairs" | "prompts") and `tokenizer_hash` refuse a mismatch. Every
+        file's sha256 is checked against the manifest (through the stat cache: an unchanged file is not rehashed)."""
         path = Path(path)
         manifest = read_manifest(path, kind=KIND, verify_hashes=verify_hashes)
         if manifest.get("format_version") != FORMAT_VERSION:
@@ -139,6 +150,12 @@ class ShardSet:
     @property
     def tokenizer_hash(self) -> str:
         return self.manifest["tokenizer"]["content_hash"]
+
+    @cached_property
+    def mixture(self) -> RowMixture | None:
+        """The sources of a mixture split's rows and their weights (align.data.mixture); None for one source."""
+        entry = self.manifest.get("mixture")
+        return None if entry is None else RowMixture.from_manifest(entry)
 
     @cached_property
     def row_lengths(self) -> np.ndarray:

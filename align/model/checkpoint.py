@@ -27,7 +27,7 @@ from align.model.hf_config import CONFIG_FILE, MistralConfig
 from align.model.config_io import load_hf_config, save_hf_config
 from align.model.mistral import MistralForCausalLM, MistralForProcessReward
 from align.model.safetensors_io import FLOAT_DTYPES, hash_tensors, read_header, read_into, weight_map, write_weights
-from align.utils.fsio import publish_dir, staging_dir
+from align.utils.fsio import disk_errors, publish_dir, staging_dir
 from align.utils.manifest import MANIFEST, read_manifest, write_manifest
 
 # A config's dtype name ("float32" | "bfloat16", the Literal every stage config uses) -> the torch dtype.
@@ -64,6 +64,15 @@ def save_state_dict(state: dict[str, torch.Tensor], cfg: MistralConfig, out_dir:
     state = family_of_config(cfg).to_file(state)
     final = Path(out_dir)
     staging = staging_dir(final)
+    nbytes = sum(t.numel() * (dtype.itemsize if dtype is not None and t.is_floating_point() else t.element_size())
+                 for t in state.values())
+    with disk_errors(final, nbytes):  # a full disk: staging removed, then one DiskFullError (exit 84)
+        return _save_staged(state, cfg, staging, final, architecture, config_extra, max_shard_bytes, tokenizer_dir,
+                            dtype, inputs)
+
+
+def _save_staged(state, cfg, staging: Path, final: Path, architecture, config_extra, max_shard_bytes, tokenizer_dir,
+                 dtype, inputs) -> Path:
     try:
         write_weights(state, staging, max_shard_bytes, dtype)
         floats = [t.dtype for t in state.values() if t.is_floating_point()]
@@ -103,11 +112,12 @@ def copy_tokenizer_files(src: Path, dst: Path) -> list[str]:
 
 
 def _check_manifest(ckpt: Path) -> dict | None:
-    """An align-written checkpoint is checked against its manifest (sizes: catches truncation); hub ones have none."""
+    """An align-written checkpoint is checked against its manifest (sizes and sha256s, through the stat cache: a
+    flipped bit is refused, an unchanged file is not rehashed); hub ones have none."""
     if not (ckpt / MANIFEST).is_file():
         return None
     try:
-        return read_manifest(ckpt, kind=CHECKPOINT_KIND)
+        return read_manifest(ckpt, kind=CHECKPOINT_KIND, verify_hashes=True)
     except ArtifactError as exc:
         raise CheckpointError(str(exc)) from exc
 

@@ -30,7 +30,7 @@ import torch
 from align.exceptions import ArtifactError, CheckpointError
 from align.train import faults
 from align.utils.dist import barrier, broadcast_object, is_rank0, rank, world_size
-from align.utils.fsio import publish_dir, staging_dir
+from align.utils.fsio import disk_errors, publish_dir, staging_dir
 from align.utils.manifest import read_manifest, write_manifest
 
 KIND = "train_checkpoint"
@@ -76,13 +76,24 @@ def list_checkpoints(root: str | os.PathLike) -> list[tuple[int, Path]]:
 
 
 def latest_checkpoint(root: str | os.PathLike) -> Path | None:
-    """The newest complete checkpoint under `root`; incomplete newer ones are skipped with a warning."""
+    """The newest complete checkpoint under `root`; incomplete newer ones are skipped with a warning. The one chosen
+    is verified against its manifest's sha256s: a checkpoint changed after it was published (a flipped bit) is never
+    resumed, nor silently passed over for an older one: `CheckpointError` (exit 2) names the file and both hashes."""
     for _step, ckpt in list_checkpoints(root):
         problem = checkpoint_problem(ckpt)
         if problem is None:
+            verify_checkpoint(ckpt)
             return ckpt
         warnings.warn(f"skipping incomplete checkpoint {ckpt.name}: {problem}", stacklevel=2)
     return None
+
+
+def verify_checkpoint(ckpt: Path) -> None:
+    """Every file of `ckpt` against its manifest's sha256 (the stat cache skips files unchanged since verified)."""
+    try:
+        read_manifest(ckpt, kind=KIND, verify_hashes=True)
+    except ArtifactError as exc:
+        raise CheckpointError(f"resume refused: {exc}") from None
 
 
 def save_checkpoint(root: str | os.PathLike, step: int, *, weights: dict[str, torch.Tensor], write_weights,
@@ -93,6 +104,26 @@ def save_checkpoint(root: str | os.PathLike, step: int, *, weights: dict[str, to
     staging = broadcast_object(str(staging_dir(final)) if is_rank0() else None)
     staging = Path(staging)
     faults.at_save("save:begin", step)  # fault-injection points: no-ops unless ALIGN_FAULTS arms them
+    # A full disk: the staging directory is removed, then DiskFullError (exit 84) names it, the bytes and the free.
+    with disk_errors(final, state_bytes(weights) + state_bytes(module_state) + state_bytes(resume)):
+        _save_staged(staging, final, step, weights, write_weights, resume, module_state, identity)
+    barrier()  # no rank moves on (or exits) before the checkpoint is published
+    return final
+
+
+def state_bytes(obj) -> int:
+    """Bytes of the tensors in a (nested) state: what a save of it writes, headers aside."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(state_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(state_bytes(v) for v in obj)
+    return 0
+
+
+def _save_staged(staging: Path, final: Path, step: int, weights, write_weights, resume, module_state,
+                 identity) -> None:
     try:
         world = world_size()
         if world > 1:  # NOTE: each rank writes its own shard of optimizer state; nothing is gathered to rank 0
@@ -114,8 +145,6 @@ def save_checkpoint(root: str | os.PathLike, step: int, *, weights: dict[str, to
         if is_rank0():
             shutil.rmtree(staging, ignore_errors=True)
         raise
-    barrier()  # no rank moves on (or exits) before the checkpoint is published
-    return final
 
 
 def checkpoint_identity(ckpt: Path) -> dict | None:

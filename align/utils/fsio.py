@@ -1,17 +1,102 @@
 """Durable file publication: stage, fsync, rename, fsync the parent.
 
 NOTE: a rename can reach the journal before the data it names; without the fsyncs a crash leaves zero-length files
-under a name that looks finished. Every artifact in align is published through these helpers."""
+under a name that looks finished. Every artifact in align is published through these helpers.
+
+A write that fails for want of space (ENOSPC, EDQUOT) or on a read-only filesystem (EROFS) leaves nothing
+half-written and becomes one `DiskFullError` (exit 84) naming the path, the bytes being written and the free space
+(`disk_errors`): torch's "unexpected pos" or a safetensors IoError says none of that."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
+
+from align.exceptions import DiskFullError
 
 _CHUNK = 1 << 20
+DISK_ERRNOS = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded",
+               errno.EROFS: "read-only file system"}
+# The same errors as other libraries word them (pyarrow's IOError text, safetensors' Rust io::Error).
+_DISK_TEXTS = {"no space left on device": "no space left on device", "os error 28": "no space left on device",
+               "disk quota exceeded": "disk quota exceeded", "os error 122": "disk quota exceeded",
+               "read-only file system": "read-only file system", "os error 30": "read-only file system"}
+
+
+def free_bytes(path: str | os.PathLike) -> int | None:
+    """Free bytes on the filesystem that holds `path` (or its nearest existing parent); None when unknown."""
+    probe = Path(path)
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    try:
+        return shutil.disk_usage(probe).free
+    except OSError:
+        return None
+
+
+def human_bytes(n: int | None) -> str:
+    if n is None:
+        return "unknown"
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit} ({n} bytes)"
+    return f"{n} bytes"
+
+
+def _disk_reason(exc: BaseException) -> str | None:
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in DISK_ERRNOS:
+            return DISK_ERRNOS[exc.errno]
+        text = str(exc).lower()
+        for marker, reason in _DISK_TEXTS.items():
+            if marker in text:
+                return reason
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def disk_full_error(path: str | os.PathLike, nbytes: int | None, exc: BaseException) -> DiskFullError | None:
+    """The `DiskFullError` that `exc`, raised while writing `nbytes` to `path`, stands for; None when it is another
+    failure. Besides the errno (or its text, from pyarrow or safetensors), a write that failed without one (torch's
+    zip writer: "unexpected pos") counts when the filesystem, once the partial write is removed, has fewer free
+    bytes than the write needs: it could not have fit."""
+    reason = _disk_reason(exc)
+    free = free_bytes(path)
+    if reason is None:
+        if not nbytes or free is None or free >= nbytes:
+            return None
+        reason = "no space left on device"
+    while isinstance(exc, DiskFullError) and isinstance(exc.__cause__, Exception):
+        exc = exc.__cause__  # nested: quote the original failure once
+    said = str(exc).splitlines()[0] if str(exc) else ""
+    return DiskFullError(f"{path}: {reason} while writing {human_bytes(nbytes)}; free on its filesystem: "
+                         f"{human_bytes(free)} ({type(exc).__name__}: {said})")
+
+
+@contextmanager
+def disk_errors(path: str | os.PathLike, nbytes: int | None) -> Iterator[None]:
+    """Turn a failed write of `nbytes` to `path` for want of space into a `DiskFullError` (`disk_full_error`). Put it
+    around the code that cleans the partial write up, so the free space is measured after the cleanup. Nested, the
+    outermost names the whole write (a checkpoint, not the one file of it that found the disk full)."""
+    try:
+        yield
+    except Exception as exc:
+        err = disk_full_error(path, nbytes, exc)
+        if err is None:
+            raise
+        raise err from exc
+
+
+def tree_bytes(root: str | os.PathLike) -> int:
+    return sum(p.stat().st_size for p in Path(root).rglob("*") if p.is_file())
 
 
 def sha256_bytes(data: bytes) -> str:
@@ -37,18 +122,19 @@ def fsync_dir(path: str | os.PathLike) -> None:
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     """Write `data` to `path` so that a reader sees either the old file or the complete new one."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    fsync_dir(path.parent)
+    with disk_errors(path, len(data)):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        finally:
+            if tmp.exists():
+                tmp.unlink()
+        fsync_dir(path.parent)
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
@@ -104,7 +190,8 @@ def _writer_alive(pid_text: str) -> bool:
 def publish_dir(staging: str | os.PathLike, final: str | os.PathLike) -> Path:
     """Make `staging` durable and move it to `final`, replacing an older `final` only after the new one is durable."""
     staging, final = Path(staging), Path(final)
-    fsync_tree(staging)
+    with disk_errors(final, None):  # delayed allocation can report ENOSPC at fsync; the caller removes staging
+        fsync_tree(staging)
     old = None
     if final.exists():
         old = final.parent / f"{final.name}.old-{os.getpid()}"

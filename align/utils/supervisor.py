@@ -4,7 +4,7 @@ Stdlib only (the pipeline's launcher runs it in doit's process, which never impo
 
 Relaunch iff all hold (seed 000, "Control plane"):
   - the attempt exited non-zero and not with a HALT code (80/81/82: verdicts about the run, not the host), nor 83
-    (refused) nor 2 (bad input: a relaunch reads the same input);
+    (refused) nor 2 (bad input: a relaunch reads the same input) nor 84 (disk full: a relaunch writes as much);
   - no HALT.json was written during the attempt (torchrun collapses every worker failure to exit 1, so the marker
     is the verdict whatever the exit code says);
   - retries are left (default 2);
@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import BinaryIO, Callable, Sequence
 
 from align.exceptions import ArtifactError, ExitCodeError
-from align.exit_codes import BAD_INPUT, HALT_CODES, HALT_MARKER, NAMES, PREFLIGHT_REFUSED, read_halt_marker
+from align.exit_codes import BAD_INPUT, DISK_FULL, HALT_CODES, HALT_MARKER, NAMES, PREFLIGHT_REFUSED, \
+    read_halt_marker
 from align.utils.manifest import read_manifest
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -119,7 +120,7 @@ def stop_reason(code: int, halt: dict | None, retries_left: int, progressed: boo
         return "finished"
     if interrupted:
         return f"supervisor was signalled; worker exited {code}"
-    if code in HALT_CODES or code in (PREFLIGHT_REFUSED, BAD_INPUT):
+    if code in HALT_CODES or code in (PREFLIGHT_REFUSED, BAD_INPUT, DISK_FULL):
         return f"exit {code} ({NAMES[code]}) is a verdict, not relaunched"
     if halt is not None:
         return f"HALT.json written during the attempt (exit {halt.get('exit_code')}: {halt.get('reason')})"

@@ -37,7 +37,7 @@ def toy(tmp_path):
 def test_list_shows_ladder_in_order_with_docs(built):
     res = doit(built, "list")
     lines = res.stdout.splitlines()
-    assert [line.split()[0] for line in lines] == ["ingest", "shards", "smoke", "report"]
+    assert [line.split()[0] for line in lines] == ["ingest", "shards", "smoke", "report", "verify"]
     assert "upper-case the input text" in lines[0] and "count the characters" in lines[1]
 
 

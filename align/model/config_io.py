@@ -25,9 +25,12 @@ def hf_config_dict(cfg, *, architecture: str = "MistralForCausalLM", dtype: str 
     spec = family_of_config(cfg).spec
     data = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in spec.not_written}
     data.update(spec.written)
+    scaling = cfg.rope_scaling.hf_dict() if cfg.rope_scaling is not None else {"rope_type": "default"}
+    if "rope_scaling" in data:  # the transformers 4 spelling beside rope_theta, as the hub's files have it
+        data["rope_scaling"] = scaling if cfg.rope_scaling is not None else None
     data.update({
         "architectures": [architecture], "model_type": spec.model_type,
-        "rope_parameters": {"rope_theta": cfg.rope_theta, "rope_type": "default"}, "dtype": dtype,
+        "rope_parameters": {"rope_theta": cfg.rope_theta, **scaling}, "dtype": dtype,
         "use_cache": True,
     })
     data.update(extra or {})

@@ -13,6 +13,10 @@ from dataclasses import dataclass
 import torch
 
 from align.exceptions import CheckpointError
+from align.model.dense_configs import LLAMA_SPEC, QWEN2_SPEC, QWEN3_SPEC
+from align.model.dense_families import (LlamaForCausalLM, LlamaForProcessReward, LlamaForValueHead,
+                                        Qwen2ForCausalLM, Qwen2ForProcessReward, Qwen2ForValueHead, Qwen3ForCausalLM,
+                                        Qwen3ForProcessReward, Qwen3ForValueHead)
 from align.model.hf_config import MISTRAL_SPEC, ConfigSpec
 from align.model.mistral import MistralForCausalLM, MistralForProcessReward, MistralForValueHead
 from align.model.hf_config import MistralConfig
@@ -49,10 +53,30 @@ class Family:
     def architectures(self) -> dict[str, type]:
         return {cls.hf_architecture: cls for cls in self.models}
 
+    def model_like(self, cls: type) -> type:
+        """This family's model with the role of `cls` (any family's model): the same head, named by the part of
+        the architecture after the family's prefix ("ForSequenceClassification", ...). `cls` itself if it is one
+        of this family's, so a stage naming Mistral's critic class loads a Qwen critic checkpoint too."""
+        if cls in self.models:
+            return cls
+        role = cls.hf_architecture[cls.hf_architecture.find("For"):]
+        for model in self.models:
+            if model.hf_architecture.endswith(role):
+                return model
+        raise CheckpointError(f"the {self.name} family has no *{role} model (models: "
+                              f"{[m.__name__ for m in self.models]})")
+
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("mistral", MISTRAL_SPEC, (MistralForCausalLM, MistralForValueHead, MistralForProcessReward),
            _same, _same, _pairs_unchanged, vendored_tokenizer=True),
+    # the hub's own layouts: the state dict is the file (a tied lm_head is left out, as transformers writes it)
+    Family("llama", LLAMA_SPEC, (LlamaForCausalLM, LlamaForValueHead, LlamaForProcessReward),
+           _same, _same, _pairs_unchanged, vendored_tokenizer=False),
+    Family("qwen2", QWEN2_SPEC, (Qwen2ForCausalLM, Qwen2ForValueHead, Qwen2ForProcessReward),
+           _same, _same, _pairs_unchanged, vendored_tokenizer=False),
+    Family("qwen3", QWEN3_SPEC, (Qwen3ForCausalLM, Qwen3ForValueHead, Qwen3ForProcessReward),
+           _same, _same, _pairs_unchanged, vendored_tokenizer=False),
     # OLMoE ships its own 50304-token tokenizer: a checkpoint without tokenizer.json has no tokenizer
     Family("olmoe", OLMOE_SPEC, (OlmoeForCausalLM,), to_hub_layout, hub_targets, fuse_hub_pairs,
            vendored_tokenizer=False),
@@ -79,15 +103,18 @@ def family_of_config(cfg) -> Family:
 
 
 def family_of_model(model) -> Family:
-    """By isinstance: FSDP2's fully_shard swaps a module's class for a subclass of it."""
-    for family in FAMILIES.values():
-        if isinstance(model, family.models):
-            return family
+    """The family of the nearest class in the model's MRO that a family lists: FSDP2's fully_shard swaps a module's
+    class for a subclass of it, and a Llama / Qwen model is a subclass of Mistral's (align.model.dense_families)."""
+    for cls in type(model).__mro__:
+        for family in FAMILIES.values():
+            if cls in family.models:
+                return family
     raise CheckpointError(f"no model family has model class {type(model).__name__}")
 
 
 def from_scratch(init: MistralConfig, moe: ExpertLayout | None = None):
-    """A freshly initialised causal LM of a stage's [model.init] shape; a [model.moe] table makes it OLMoE."""
+    """A freshly initialised causal LM of a stage's [model.init] shape (its config's family: a Qwen3Config makes
+    a Qwen 3); a [model.moe] table makes it OLMoE."""
     if moe is None:
-        return MistralForCausalLM(init)
+        return family_of_config(init).causal_lm(init)
     return olmoe_from_layout(init, moe)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,6 +67,50 @@ class MistralConfig:
         """Query heads per key/value head (the GQA ratio)."""
         return self.num_attention_heads // self.num_key_value_heads
 
+    # Architecture options of the shared decoder (align.model.mistral) that Mistral does not use: properties, not
+    # fields, so Mistral's config.json, dataclass and content hash stay what they were. A family's config
+    # (align.model.dense_families) overrides them.
+    @property
+    def qkv_bias(self) -> bool:
+        """Whether q_proj, k_proj and v_proj carry a bias (Qwen 2)."""
+        return False
+
+    @property
+    def qk_norm(self) -> str | None:
+        """None, or "head": an RMSNorm over each head's q and k (weight (head_dim,), Qwen 3) before RoPE."""
+        return None
+
+    @property
+    def rope_scaling(self) -> "RopeScaling | None":
+        """A scaled RoPE's parameters (Llama 3), None for plain RoPE."""
+        return None
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """`rope_type` "llama3": the inverse frequencies of long wavelengths divided by `factor`, a smooth blend between
+    the two wavelength bounds (transformers' `_compute_llama3_parameters`, align.model.layers.rope_inv_freq)."""
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
+    rope_type: str = "llama3"
+
+    def __post_init__(self):
+        if self.rope_type != "llama3":
+            raise ValueError(f"RopeScaling: rope_type {self.rope_type!r} is not implemented (only 'llama3')")
+        if not (self.factor > 0 and self.high_freq_factor > self.low_freq_factor > 0
+                and self.original_max_position_embeddings > 0):
+            raise ValueError(f"RopeScaling: needs factor > 0, high_freq_factor > low_freq_factor > 0 and "
+                             f"original_max_position_embeddings > 0, got {self}")
+
+    def hf_dict(self) -> dict:
+        """The keys transformers writes in `rope_scaling` / `rope_parameters` for this type."""
+        return {"rope_type": self.rope_type, "factor": self.factor, "low_freq_factor": self.low_freq_factor,
+                "high_freq_factor": self.high_freq_factor,
+                "original_max_position_embeddings": self.original_max_position_embeddings}
+
 
 # transformers' own defaults, used for keys a config.json omits (not our tiny defaults: a hub file that leaves
 # out rms_norm_eps means transformers' 1e-6).
@@ -102,6 +147,10 @@ class ConfigSpec:
     written: dict  # constant keys transformers writes for this family (the implemented values)
     aliases: dict = dataclasses.field(default_factory=dict)  # another spelling -> the field name
     not_written: tuple = ()  # dataclass fields the family's transformers config does not have
+    rope_types: tuple = ("default",)  # the `rope_type`s this family implements ("llama3": a `rope_scaling` field)
+    # (parsed config.json, source) -> the dict the generic reader maps: a family's own refusals by field name and
+    # the keys transformers itself drops (Qwen's `sliding_window` when `use_sliding_window` is false)
+    prepare: Callable[[dict, str], dict] | None = None
 
 
 MISTRAL_SPEC = ConfigSpec(MistralConfig, "mistral", HF_DEFAULTS, IGNORED_KEYS, REQUIRED_VALUES,
@@ -114,20 +163,28 @@ def config_from_hf_dict(data: dict, source: str = "<dict>", spec: ConfigSpec = M
         raise CheckpointError(f"{source}: model_type is {data['model_type']!r}; this reader implements "
                               f"{spec.model_type!r}")
     data = {spec.aliases.get(k, k): v for k, v in data.items()}
+    if spec.prepare is not None:
+        data = spec.prepare(data, source)
     for key, allowed in spec.required.items():
         if key in data and data[key] not in allowed:
             raise CheckpointError(f"{source}: field {key!r} = {data[key]!r} is not implemented "
                                   f"(supported: {', '.join(repr(a) for a in allowed)})")
     fields = {f.name for f in dataclasses.fields(spec.cls)}
-    values = {k: data.get(k, spec.defaults[k]) for k in fields if k != "rope_theta"}
-    values["rope_theta"] = _rope_theta(data, source, spec.defaults)
-    unknown = sorted(set(data) - fields - spec.ignored - set(spec.required) - {"rope_parameters"})
+    rope_keys = {"rope_theta", "rope_scaling"}
+    values = {k: data.get(k, spec.defaults[k]) for k in fields - rope_keys}
+    values["rope_theta"], scaling = _rope(data, source, spec)
+    if "rope_scaling" in fields:
+        values["rope_scaling"] = scaling
+    unknown = sorted(set(data) - fields - spec.ignored - set(spec.required) - {"rope_parameters", "rope_scaling"})
     if unknown:
         raise CheckpointError(f"{source}: unsupported field(s) {unknown}; refusing to guess their effect")
     if values["num_key_value_heads"] is None:
         values["num_key_value_heads"] = values["num_attention_heads"]
     if isinstance(values["eos_token_id"], list):
-        raise CheckpointError(f"{source}: field 'eos_token_id' is a list {values['eos_token_id']}; one id expected")
+        if not _allows_tuple(spec.cls, "eos_token_id"):
+            raise CheckpointError(f"{source}: field 'eos_token_id' is a list {values['eos_token_id']}; one id "
+                                  "expected")
+        values["eos_token_id"] = tuple(values["eos_token_id"])
     _check_types(values, source, spec.cls)
     try:
         return spec.cls(**values)
@@ -135,27 +192,55 @@ def config_from_hf_dict(data: dict, source: str = "<dict>", spec: ConfigSpec = M
         raise CheckpointError(f"{source}: {exc}") from exc
 
 
-def _rope_theta(data: dict, source: str, defaults: dict) -> float:
-    params = data.get("rope_parameters")
+def _rope(data: dict, source: str, spec: ConfigSpec) -> tuple[float, RopeScaling | None]:
+    """(rope_theta, scaling) from either spelling: top-level `rope_theta` + `rope_scaling` (transformers 4, the
+    hub's files) or `rope_parameters` (transformers 5). A rope_type the family does not implement is refused."""
+    theta = data.get("rope_theta", spec.defaults["rope_theta"])
+    params, field = data.get("rope_parameters"), "rope_parameters"
     if params is None:
-        return float(data.get("rope_theta", defaults["rope_theta"]))
+        params, field = data.get("rope_scaling"), "rope_scaling"
+    if params is None:
+        return float(theta), None
     if not isinstance(params, dict):
-        raise CheckpointError(f"{source}: field 'rope_parameters' must be an object, got {params!r}")
+        raise CheckpointError(f"{source}: field {field!r} must be an object, got {params!r}")
     rope_type = params.get("rope_type", params.get("type", "default"))
-    if rope_type != "default":
-        raise CheckpointError(f"{source}: field 'rope_parameters.rope_type' = {rope_type!r} is not implemented "
-                              "(only unscaled 'default' RoPE)")
-    extra = sorted(set(params) - {"rope_type", "type", "rope_theta"})
+    if rope_type not in spec.rope_types:
+        raise CheckpointError(f"{source}: field '{field}.rope_type' = {rope_type!r} is not implemented "
+                              f"(supported: {', '.join(repr(t) for t in spec.rope_types)})")
+    theta = float(params.get("rope_theta", theta))
+    keys = {"rope_type", "type", "rope_theta"}
+    if rope_type == "llama3":
+        keys |= {f.name for f in dataclasses.fields(RopeScaling)}
+    extra = sorted(set(params) - keys)
     if extra:
-        raise CheckpointError(f"{source}: field 'rope_parameters' has unsupported keys {extra}")
-    return float(params.get("rope_theta", data.get("rope_theta", defaults["rope_theta"])))
+        raise CheckpointError(f"{source}: field {field!r} has unsupported keys {extra}")
+    if rope_type == "default":
+        return theta, None
+    missing = sorted({"factor", "low_freq_factor", "high_freq_factor"} - set(params))
+    if missing:
+        raise CheckpointError(f"{source}: field '{field}' (rope_type {rope_type!r}) lacks {missing}")
+    original = params.get("original_max_position_embeddings",
+                          data.get("max_position_embeddings", spec.defaults["max_position_embeddings"]))
+    try:  # transformers falls back to max_position_embeddings for a missing original length
+        return theta, RopeScaling(float(params["factor"]), float(params["low_freq_factor"]),
+                                  float(params["high_freq_factor"]), int(original))
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(f"{source}: field '{field}': {exc}") from exc
+
+
+def _allows_tuple(cls: type, name: str) -> bool:
+    return any(f.name == name and "tuple" in str(f.type) for f in dataclasses.fields(cls))
 
 
 def _check_types(values: dict, source: str, cls: type) -> None:
     for f in dataclasses.fields(cls):
         v = values[f.name]
         optional = "None" in str(f.type)
-        if v is None and optional:
+        if v is None and optional or isinstance(v, RopeScaling):
+            continue
+        if isinstance(v, tuple) and "tuple" in str(f.type):
+            if not v or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+                raise CheckpointError(f"{source}: field {f.name!r} = {list(v)!r}; expected integer ids")
             continue
         want = {"int": int, "float": (int, float), "bool": bool}[str(f.type).split(" ")[0]]
         if isinstance(v, bool) and want is not bool or not isinstance(v, want):

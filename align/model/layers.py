@@ -15,6 +15,8 @@ inference engine calls them directly).
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -55,19 +57,34 @@ class RMSNorm(nn.Module):
         return f"{self.weight.shape[0]}, eps={self.eps}"
 
 
-def rope_inv_freq(head_dim: int, theta: float, device=None) -> torch.Tensor:
-    """Inverse frequencies theta^(-2i/d), i < d/2, in fp32. shape: (head_dim // 2,)"""
-    return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim))
+def rope_inv_freq(head_dim: int, theta: float, device=None, scaling=None) -> torch.Tensor:
+    """Inverse frequencies theta^(-2i/d), i < d/2, in fp32. shape: (head_dim // 2,)
+
+    `scaling` (align.model.hf_config.RopeScaling, rope_type "llama3"): transformers' `_compute_llama3_parameters`,
+    operation for operation (fp32 tensors, Python-float factors), so the tables are its bits."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim))
+    if scaling is None:
+        return inv_freq
+    factor, low, high = scaling.factor, scaling.low_freq_factor, scaling.high_freq_factor
+    old_context_len = scaling.original_max_position_embeddings
+    low_freq_wavelen, high_freq_wavelen = old_context_len / low, old_context_len / high
+    wavelen = 2 * math.pi / inv_freq
+    # shorter than high_freq_wavelen: kept; longer than low_freq_wavelen: divided by factor; between: blended
+    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_context_len / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+    return torch.where(medium, smoothed, scaled)
 
 
 def rope_cos_sin(position_ids: torch.Tensor, head_dim: int, theta: float,
-                 dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+                 dtype: torch.dtype, scaling=None) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin tables for the given positions. position_ids: (...) int -> cos, sin: (..., head_dim) in `dtype`.
 
     Computed per call from the positions rather than cached: it is (tokens x head_dim) work, there is no buffer to
     shard, to move between devices or to leave uninitialised after a meta-device build, and the values are exactly
-    transformers' (fp32 position * fp32 inv_freq, then cos/sin)."""
-    inv_freq = rope_inv_freq(head_dim, theta, device=position_ids.device)
+    transformers' (fp32 position * fp32 inv_freq, then cos/sin). `scaling`: see `rope_inv_freq`."""
+    inv_freq = rope_inv_freq(head_dim, theta, device=position_ids.device, scaling=scaling)
     freqs = position_ids[..., None].float() * inv_freq  # (..., head_dim/2)
     emb = torch.cat((freqs, freqs), dim=-1)  # (..., head_dim): the "rotate half" layout HF checkpoints expect
     return emb.cos().to(dtype), emb.sin().to(dtype)

@@ -38,15 +38,24 @@ class MistralAttention(nn.Module):
         self.head_dim = cfg.head_dim
         self.rope_theta = cfg.rope_theta
         self.attn = attn
-        d = cfg.hidden_size
-        self.q_proj = nn.Linear(d, self.num_heads * self.head_dim, bias=False)
-        self.k_proj = nn.Linear(d, self.num_kv_heads * self.head_dim, bias=False)
-        self.v_proj = nn.Linear(d, self.num_kv_heads * self.head_dim, bias=False)
+        self.rope_scaling = cfg.rope_scaling  # Llama 3's scaled frequencies; None: plain RoPE
+        d, bias = cfg.hidden_size, cfg.qkv_bias  # Qwen 2: biases on q, k and v (never on o)
+        self.q_proj = nn.Linear(d, self.num_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(d, self.num_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(d, self.num_kv_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, d, bias=False)
+        if cfg.qk_norm == "head":  # Qwen 3: each head's q and k RMS-normed (weights of head_dim) before RoPE
+            self.qk_norm = "head"
+            self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+
+    # None, "head" (per-head q_norm / k_norm after the heads are split) or "projection" (OLMoE: over the full
+    # projections, in `project`): what the inference engine applies between the q/k/v product and RoPE.
+    qk_norm: str | None = None
 
     def rope(self, position_ids: torch.Tensor, dtype: torch.dtype) -> Rope:
         """cos, sin for these positions: position_ids (...) -> (..., head_dim) each."""
-        return rope_cos_sin(position_ids, self.head_dim, self.rope_theta, dtype)
+        return rope_cos_sin(position_ids, self.head_dim, self.rope_theta, dtype, self.rope_scaling)
 
     def qkv(self, hidden: torch.Tensor, position_ids: torch.Tensor | None = None,
             rope: Rope | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -63,10 +72,13 @@ class MistralAttention(nn.Module):
         q = q.unflatten(-1, (self.num_heads, self.head_dim))
         k = k.unflatten(-1, (self.num_kv_heads, self.head_dim))
         v = v.unflatten(-1, (self.num_kv_heads, self.head_dim))
+        if self.qk_norm == "head":
+            q, k = self.q_norm(q), self.k_norm(k)
         return apply_rope(q, cos, sin, self.kernel), apply_rope(k, cos, sin, self.kernel), v
 
     def project(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The flat q, k, v projections (..., H*Dh | KVH*Dh) before RoPE; a family with QK-norm overrides this."""
+        """The flat q, k, v projections (..., H*Dh | KVH*Dh) before RoPE (and before a per-head QK-norm); OLMoE
+        overrides this with its norm over the full projections."""
         return self.q_proj(hidden), self.k_proj(hidden), self.v_proj(hidden)
 
     def forward(self, hidden: torch.Tensor, rope: Rope, mask: torch.Tensor | None = None,

@@ -92,6 +92,8 @@ def olmoe_from_layout(dense: MistralConfig, layout: ExpertLayout) -> "OlmoeForCa
 class OlmoeAttention(MistralAttention):
     """Mistral attention with QK-norm over the full projections (transformers' q_norm / k_norm)."""
 
+    qk_norm = "projection"
+
     def __init__(self, cfg: OlmoeConfig, layer_idx: int, attn: AttentionConfig):
         super().__init__(cfg, layer_idx, attn)
         self.q_norm = RMSNorm(cfg.num_attention_heads * cfg.head_dim, cfg.rms_norm_eps)

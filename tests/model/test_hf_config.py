@@ -59,7 +59,7 @@ def test_refuses_unimplemented_fields_by_name(tmp_path, key, value):
 
 
 @pytest.mark.parametrize("key,value,pattern", [
-    ("model_type", "llama", "model_type"), ("hidden_size", "4096", "hidden_size"),
+    ("model_type", "gemma2", "model_type"), ("hidden_size", "4096", "hidden_size"),
     ("tie_word_embeddings", 1, "tie_word_embeddings"), ("eos_token_id", [2, 3], "eos_token_id"),
     ("num_key_value_heads", 5, "multiple"), ("pad_token_id", 40000, "pad_token_id"),
 ])

@@ -122,7 +122,7 @@ def test_family_from_model_type_only(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(hub_config() | {"model_type": "mixtral"}))
     with pytest.raises(CheckpointError, match="mixtral"):
         load_hf_config(tmp_path)
-    assert set(FAMILIES) == {"mistral", "olmoe"}
+    assert set(FAMILIES) == {"mistral", "olmoe", "llama", "qwen2", "qwen3"}
 
 
 def test_wrong_class_and_no_tokenizer_fallback(tmp_path):

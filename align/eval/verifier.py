@@ -3,13 +3,16 @@
 reward 1.0 correct, 0.0 wrong or unreadable (no box, empty box, unparseable, over a bound), None when the gold
 itself cannot be read (the example gives no learning signal; never 1). `format_ok` is the format signal: the
 response holds exactly one box and it is not empty. Pure, bounded by VerifyConfig, safe in threads and processes.
+The default config is REWARD_CONFIG: an exact gold (1/3) needs an exact answer, never a decimal of it (the
+evaluation default, DEFAULT_CONFIG, accepts `0.3333`; see VerifyConfig.decimal_min_sig_digits).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from align.verify import DEFAULT_CONFIG, VerifyConfig, answer_of, compare_answers, extract, why_unreadable
+from align.verify import VerifyConfig, answer_of, compare_answers, extract, why_unreadable
+from align.verify.config import REWARD_CONFIG
 
 
 @dataclass(frozen=True)
@@ -21,7 +24,7 @@ class RewardResult:
     reason: str = ""  # why, in words (for logs and the oracle report)
 
 
-def score(response: str, gold: str, config: VerifyConfig = DEFAULT_CONFIG) -> RewardResult:
+def score(response: str, gold: str, config: VerifyConfig = REWARD_CONFIG) -> RewardResult:
     found = extract(response, config.max_response_chars, config.fallback)
     format_ok = found.boxes == 1 and found.answer is not None
     if found.answer is None:

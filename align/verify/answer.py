@@ -15,10 +15,11 @@ from align.verify.config import VerifyConfig
 from align.verify.expr import REALS, Parser, as_scalar
 from align.verify.extract import final_group, find_boxes, join_group
 from align.verify.lexer import END, tokenize
-from align.verify.limits import Budget, OverBudget, Unreadable
-from align.verify.normalize import clean
+from align.verify.limits import Budget, OverBudget, Unreadable, Unsupported
+from align.verify.normalize import APPROX, clean
 from align.verify.algebra import Scalar
-from align.verify.values import Degrees, Percent, Text, Value
+from align.verify.structures import is_label
+from align.verify.values import Degrees, Percent, Relation, Text, Value
 
 _PLAIN_NUMBER = re.compile(r"-?[0-9]{1,40}(?:\.[0-9]{1,40})?")
 _WORDS = re.compile(r"[a-zA-Z][a-zA-Z ]*")
@@ -48,7 +49,28 @@ def _word_answer(words: str) -> Value:
     return REALS if text in _ALL_REALS else Text(text)
 
 
+def _approximation(s: str, cfg: VerifyConfig) -> Value:
+    """`x = 1/4 \\approx 0.25`: the exact part, when the approximation agrees with it to its last written place
+    (`\\frac92 \\approx 4.7` is refused: the answer contradicts itself); `x \\approx 0.33`: the approximation."""
+    exact_text, _, approx_text = s.partition(APPROX)
+    exact = _parse(exact_text.strip(), cfg) if exact_text.strip() else None
+    approx = _parse(approx_text.split(APPROX)[-1].strip(), cfg)
+    if isinstance(exact, Relation) and exact.op == "=" and is_label(exact.lhs):
+        exact = exact.rhs
+    if exact is None or (isinstance(exact, Scalar) and is_label(exact)):
+        return approx
+    if not (isinstance(exact, Scalar) and isinstance(approx, Scalar)):
+        raise Unsupported("approximation of a non-number")
+    e, a = exact.approx(), approx.approx()
+    places = len(approx.lit.partition(".")[2]) if approx.lit else 0
+    if e is None or a is None or abs(e - a) > 10.0 ** -places * (1 + 1e-9):
+        raise Unsupported("the approximation disagrees with the exact value")
+    return exact
+
+
 def _parse(s: str, cfg: VerifyConfig) -> Value:
+    if APPROX in s:
+        return _approximation(s, cfg)
     if _PLAIN_NUMBER.fullmatch(s):  # fast path: most gold and predicted answers are plain numbers
         q = Fraction(s)
         return A.Scalar({A.ONE_MONO: q} if q else {}, None, s if "." in s else None)

@@ -45,6 +45,13 @@ class VerifyConfig:
     # value has no finite decimal expansion of that length (1/3, sqrt 2, pi), matches when the prediction rounds to
     # it at the gold's number of places: the gold was clearly rounded. 0 turns the tolerance off.
     rounded_gold_min_sig_digits: int = 3
+    # The numeric-vs-exact tolerance, the other way round: a gold whose exact value has no finite decimal expansion
+    # (1/3, sqrt 10, pi) accepts a decimal prediction with at least this many significant digits that is the gold
+    # rounded or truncated at the prediction's decimal places (`0.3333`, `0.6667`, `3.14159`), or the gold as a
+    # double prints it (within 2^-52 relative: `3.1622776601683795`). A terminating gold (1/8) needs its exact value.
+    # 0 turns it off: the RL reward does (align.verify.config.REWARD_CONFIG), so a policy is never paid for giving
+    # up on the exact form. math_verify's counterpart is its 6-place float rounding.
+    decimal_min_sig_digits: int = 4
     # A comma list (`10, 4, -2`, adjacent boxes) is ordered unless the gold is a set (`\{...\}`, `\pm`) or this says
     # the problem's answers are unordered ("list all solutions").
     unordered_lists: bool = False
@@ -63,8 +70,11 @@ class VerifyConfig:
             raise ValueError(f"VerifyConfig.percent must be 'either', 'fraction' or 'number', got {self.percent!r}")
         if self.units not in ("ignore", "match"):
             raise ValueError(f"VerifyConfig.units must be 'ignore' or 'match', got {self.units!r}")
-        if self.rounded_gold_min_sig_digits < 0:
-            raise ValueError("VerifyConfig.rounded_gold_min_sig_digits must be >= 0")
+        for name in ("rounded_gold_min_sig_digits", "decimal_min_sig_digits"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"VerifyConfig.{name} must be >= 0, got {getattr(self, name)!r}")
 
 
 DEFAULT_CONFIG = VerifyConfig()
+# The GRPO reward's and the golden evaluation's default (align/eval/verifier.py): exact golds need exact answers.
+REWARD_CONFIG = VerifyConfig(decimal_min_sig_digits=0)

@@ -15,14 +15,16 @@ answer), an assignment `x = 5` equals 5.
 
 from __future__ import annotations
 
+from decimal import ROUND_DOWN, ROUND_HALF_UP, Context, Decimal
 from fractions import Fraction
 
 from align.verify import algebra as A
 from align.verify.algebra import Scalar
 from align.verify.config import VerifyConfig
 from align.verify.limits import Budget
+from align.verify.structures import is_label
 from align.verify.values import (Based, Degrees, FiniteSet, Infinity, Interval, List, Matrix, PairParen, Percent,
-                                 Relation, Text, Tuple, Union, Value)
+                                 Ratio, Relation, Text, Time, Tuple, Union, Value)
 
 
 def _non_terminating(v: Scalar) -> bool:
@@ -56,8 +58,36 @@ def _rounded_gold_match(gold: Scalar, pred: Scalar, cfg: VerifyConfig) -> bool:
     return abs(value * 10**places - float(target)) < 0.5
 
 
+def _decimal_prediction_match(gold: Scalar, pred: Scalar, cfg: VerifyConfig) -> bool:
+    """VerifyConfig.decimal_min_sig_digits: a decimal prediction of a non-terminating exact gold, rounded or
+    truncated at its own places, or printed from a double."""
+    lit = pred.lit
+    if lit is None or cfg.decimal_min_sig_digits == 0 or gold.lit is not None or not _non_terminating(gold):
+        return False
+    digits = lit.lstrip("-").replace(".", "").lstrip("0")
+    places = len(lit.partition(".")[2])
+    if len(digits) < cfg.decimal_min_sig_digits or places > 40 or len(lit) > 45:
+        return False
+    exact = A.decimal_value(gold, len(lit) + 5)
+    if exact is None:
+        return False
+    written = Decimal(lit)
+    unit = Decimal(1).scaleb(-places)
+    ctx = Context(prec=60)
+    if written in (exact.quantize(unit, ROUND_HALF_UP, ctx), exact.quantize(unit, ROUND_DOWN, ctx)):
+        return True
+    return abs(written - exact) <= abs(exact) * Decimal(2) ** -52  # a double printed in full (repr)
+
+
+def _identity_equal(g: Scalar, p: Scalar, lim: Budget) -> bool:
+    """Equal once sin^2 t + cos^2 t = 1 is applied (tan, cot, sec, csc are read as quotients of sin and cos)."""
+    atoms = g.atoms() | p.atoms()
+    return any(a.startswith(("f:sin(", "f:cos(")) for a in atoms) and A.equal_mod_pythagoras(g, p, lim)
+
+
 def _scalar_equal(g: Scalar, p: Scalar, cfg: VerifyConfig, lim: Budget) -> bool:
-    return A.equal(g, p, lim) or _rounded_gold_match(g, p, cfg)
+    return (A.equal(g, p, lim) or _rounded_gold_match(g, p, cfg) or _decimal_prediction_match(g, p, cfg)
+            or _identity_equal(g, p, lim))
 
 
 def _percent_forms(v: Percent, cfg: VerifyConfig, lim: Budget) -> list[Scalar]:
@@ -92,6 +122,8 @@ def _vector(v: Value) -> tuple | None:
         return None
     if isinstance(v, PairParen):
         return (v.a, v.b)
+    if isinstance(v, Interval) and v.lo_closed and v.hi_closed:  # `[0.5, 1]` written as a list
+        return (v.lo, v.hi)
     return v.items if isinstance(v, Tuple) else None
 
 
@@ -182,7 +214,9 @@ def _list_equal(g: Value, p: Value, cfg: VerifyConfig, lim: Budget) -> bool:
     """A gold list against a list or a set: ordered (items as written) unless cfg.unordered_lists; a gold set
     against a list: order-free."""
     gi, pi = g.items, p.items
-    if isinstance(g, FiniteSet) or cfg.unordered_lists:
+    # A list of tuples is a list of solutions (`(2,9),(9,2)`), which no question orders.
+    tuples = all(isinstance(x, (PairParen, Tuple)) for x in gi)
+    if isinstance(g, FiniteSet) or cfg.unordered_lists or tuples:
         return _set_equal(gi, pi, cfg, lim)
     return _seq_equal(gi, pi, cfg, lim)
 
@@ -208,8 +242,10 @@ def values_equal(g: Value, p: Value, cfg: VerifyConfig, lim: Budget) -> bool:
         return _relation_equal(g, p, cfg, lim)
     if cfg.assignment_is_value and isinstance(g, Relation) and g.op == "=" and A.variable_name(g.lhs) is not None:
         return values_equal(g.rhs, p, cfg, lim)
-    if cfg.assignment_is_value and isinstance(p, Relation) and p.op == "=" and A.variable_name(p.lhs) is not None:
+    if cfg.assignment_is_value and isinstance(p, Relation) and p.op == "=" and _labelled(p):
         return values_equal(g, p.rhs, cfg, lim)
+    if isinstance(g, Ratio) or isinstance(p, Ratio) or isinstance(g, Time) or isinstance(p, Time):
+        return _ratio_or_time_equal(g, p, lim)
     if isinstance(g, Percent) or isinstance(p, Percent):
         if isinstance(g, Percent) and isinstance(p, Percent):
             return values_equal(g.value, p.value, cfg, lim)
@@ -245,6 +281,26 @@ def values_equal(g: Value, p: Value, cfg: VerifyConfig, lim: Budget) -> bool:
     if isinstance(g, Text) and isinstance(p, Text):
         return g.text == p.text
     return _structured_equal(g, p, cfg, lim)
+
+
+def _labelled(p: Relation) -> bool:
+    """`x = 5`, and on the prediction's side a name for the value asked: `|PQ| = 2`, `XY = 3`, `m + n = 7` (names
+    with no coefficient, equal to a constant)."""
+    if A.variable_name(p.lhs) is not None:
+        return True
+    return is_label(p.lhs, sums=True) and (not isinstance(p.rhs, Scalar) or p.rhs.is_constant())
+
+
+def _ratio_or_time_equal(g: Value, p: Value, lim: Budget) -> bool:
+    if isinstance(g, Time) and isinstance(p, Time):
+        return g.seconds == p.seconds
+    if not (isinstance(g, Ratio) and isinstance(p, Ratio)) or len(g.items) != len(p.items):
+        return False
+    gs, ps = g.items, p.items
+    if not all(isinstance(x, Scalar) and not x.is_zero() for x in gs + ps):
+        return False
+    # proportional parts: 5:9 is 10:18 (g_k p_0 == p_k g_0 for every k)
+    return all(A.equal(A.mul(gk, ps[0], lim), A.mul(pk, gs[0], lim), lim) for gk, pk in zip(gs[1:], ps[1:]))
 
 
 def _relation_equal(g: Relation, p: Relation, cfg: VerifyConfig, lim: Budget) -> bool:

@@ -16,7 +16,8 @@ from align.verify.algebra import Scalar
 from align.verify.lexer import Token
 from align.verify.limits import Budget, OverBudget, Unsupported
 from align.verify.structures import bracket_value, relation_value, union_value
-from align.verify.values import Based, FiniteSet, Infinity, Interval, List, Matrix, Tuple, Value
+from align.verify.sums import finite_or_closed_sum
+from align.verify.values import Based, FiniteSet, Infinity, Interval, List, Matrix, Ratio, Time, Tuple, Value
 
 PI = A.symbol("pi")
 REALS = Interval(Infinity(-1), Infinity(1), False, False)
@@ -30,7 +31,7 @@ _TIMES = frozenset({"\\cdot", "\\times", "\\ast"})
 # Commands that may follow a factor with no operator between ("2\\pi", "3\\sqrt{2}", "x\\sin x").
 _IMPLICIT_CMDS = frozenset({"\\pi", "\\sqrt", "\\frac", "\\binom", "\\lfloor", "\\lceil"}) | GREEK | F.FUNCTIONS
 _CLOSERS = {"(": ")", "[": "]", "{": "}"}
-_MATRIX_ENVS = frozenset({"matrix", "pmatrix", "bmatrix", "smallmatrix", "array"})
+_MATRIX_ENVS = frozenset({"matrix", "pmatrix", "bmatrix", "smallmatrix", "array", "cases"})
 
 
 def as_scalar(v: Value) -> Scalar:
@@ -72,6 +73,7 @@ class Parser:
         self.b = budget
         self.depth = 0
         self.max_depth = max_depth
+        self.bound: dict[str, str] = {}  # a sum's index variable -> its anonymous name (`\\sum_{k=1}^n k`)
 
     def _mul(self, a: Scalar, b: Scalar) -> Scalar:
         return A.mul(a, b, self.b)
@@ -105,9 +107,15 @@ class Parser:
 
     # -- levels, loosest first
     def parse(self) -> Value:
-        items = self.items()
+        groups = [self.items()]
+        while self.is_op(";"):  # `1; 2; 3` is a list; `p=3,q=2;p=5,q=2` a list of tuples
+            self.take()
+            groups.append(self.items())
         if self.peek().kind != "end":
             raise Unsupported(f"unexpected {self.peek().text!r}")
+        if len(groups) > 1:
+            return List(tuple(g[0] if len(g) == 1 else Tuple(tuple(g)) for g in groups))
+        items = groups[0]
         return items[0] if len(items) == 1 else List(tuple(items))
 
     def items(self) -> list[Value]:
@@ -125,7 +133,7 @@ class Parser:
         return v
 
     def relation(self) -> Value:
-        parts, ops = [self.function_name() or self.additive()], []
+        parts, ops = [self.clock() or self.ratio(self.function_name() or self.additive())], []
         while True:
             t = self.peek()
             op = _RELOPS.get(t.text) if t.kind in ("op", "cmd") else None
@@ -133,14 +141,41 @@ class Parser:
                 break
             self.take()
             ops.append(op)
-            parts.append(self.additive())
+            parts.append(self.clock() or self.ratio(self.additive()))
         return relation_value(parts, ops, self.b) if ops else parts[0]
+
+    def clock(self) -> Time | None:
+        """`10:30`, `10:30:00`: hours of one or two digits, then two-digit minutes (and seconds) under 60."""
+        t = self.toks[self.i:self.i + 5]
+        if not (len(t) >= 4 and t[0].kind == "num" and t[0].text.isdigit() and len(t[0].text) <= 2
+                and t[1].text == ":" and t[2].kind == "num" and len(t[2].text) == 2 and t[2].text.isdigit()
+                and int(t[2].text) < 60):
+            return None
+        seconds, used = int(t[0].text) * 3600 + int(t[2].text) * 60, 3
+        if (len(t) == 5 and t[3].text == ":" and t[4].kind == "num" and len(t[4].text) == 2 and t[4].text.isdigit()
+                and int(t[4].text) < 60):
+            seconds, used = seconds + int(t[4].text), 5
+        if self.toks[self.i + used].text == ":":
+            return None
+        self.i += used
+        self.b.spend(used)
+        return Time(seconds)
+
+    def ratio(self, first: Value) -> Value:
+        """`5:9`, `S_1:S_2`: parts separated by colons."""
+        if not self.is_op(":"):
+            return first
+        parts = [first]
+        while self.is_op(":"):
+            self.take()
+            parts.append(self.additive())
+        return Ratio(tuple(parts))
 
     def function_name(self) -> Scalar | None:
         """`f(x) = 3x`: a one-letter function of one variable left of `=` names the answer like a variable."""
         t = self.toks[self.i:self.i + 5]
-        if (len(t) == 5 and t[0].kind == "id" and t[1].text == "(" and t[2].kind == "id" and t[3].text == ")"
-                and t[4].kind == "op" and t[4].text == "="):
+        if (len(t) == 5 and t[0].kind == "id" and t[1].text == "(" and t[2].kind in ("id", "num")
+                and t[3].text == ")" and t[4].kind == "op" and t[4].text == "="):
             self.i += 4
             self.b.spend(4)
             return A.symbol(f"v:{t[0].text}({t[2].text})")
@@ -237,7 +272,8 @@ class Parser:
         elif t.kind == "num":
             v = self.number(t) if mixed else literal(t.text, self.b)
         elif t.kind == "id":
-            v = A.symbol("v:" + t.text + self.subscript())
+            name = "v:" + t.text + self.subscript()
+            v = A.symbol(self.bound.get(name, name))
         elif t.kind == "cmd":
             v = self.command(t.text)
         elif t.kind == "op" and t.text in _CLOSERS:
@@ -414,6 +450,8 @@ class Parser:
             return self.arg()
         if name == "\\begin":
             return self.matrix()
+        if name == "\\sum":
+            return self.summation()
         if name == "\\mathbb":  # \mathbb{R}: the whole real line
             t = self.arg()
             if not (isinstance(t, Scalar) and A.variable_name(t) == "R"):
@@ -427,6 +465,29 @@ class Parser:
                 return F.absolute(v, self.b)
             return F.rounding(name[2:], v)
         raise Unsupported(f"command {name}")
+
+    def summation(self) -> Scalar:
+        """`\\sum_{k=lo}^{hi} body`: the body is one product term; the index is renamed, so the letter is free."""
+        self.expect("op", "_")
+        self.expect("op", "{")
+        index = self.take()
+        if index.kind != "id":
+            raise Unsupported("sum index")
+        name = "v:" + index.text + self.subscript()
+        self.expect("op", "=")
+        lo = as_scalar(self.additive())
+        self.expect("op", "}")
+        self.expect("op", "^")
+        hi = as_scalar(self.arg())
+        anonymous = f"v:#{len(self.bound)}"
+        saved = self.bound.get(name)
+        self.bound[name] = anonymous
+        body = as_scalar(self.term())
+        if saved is None:
+            del self.bound[name]
+        else:
+            self.bound[name] = saved
+        return finite_or_closed_sum(anonymous, lo, hi, body, self.b)
 
     def function(self, name: str) -> Scalar:
         base = None

@@ -43,10 +43,33 @@ def _pi_multiple(x: Scalar) -> Fraction | None:
     return None
 
 
+def _sin_cos(x: Scalar, lim: Budget) -> tuple[Scalar, Scalar]:
+    """sin x and cos x as atoms of the angle t when x = n t for an integer n, 1 <= |n| <= 3 (the double- and
+    triple-angle formulas, odd sine, even cosine), else atoms of x itself."""
+    n, t = 1, x
+    if x.den is None and len(x.num) == 1:
+        (mono, c), = x.num.items()
+        if c.denominator == 1 and 1 <= abs(c.numerator) <= 3:
+            n, t = int(c), Scalar({mono: Fraction(1)})
+    s, c = A.opaque("sin", t), A.opaque("cos", t)
+    k = abs(n)
+    if k == 2:
+        s, c = A.mul(A.const(2), A.mul(s, c, lim), lim), A.add(A.mul(c, c, lim), A.mul(s, s, lim), lim, -1)
+    elif k == 3:
+        s = A.add(A.mul(A.const(3), s, lim), A.mul(A.const(4), A.power_int(s, 3, lim), lim), lim, -1)
+        c = A.add(A.mul(A.const(4), A.power_int(c, 3, lim), lim), A.mul(A.const(3), c, lim), lim, -1)
+    return (A.neg(s) if n < 0 else s), c
+
+
 def trig(name: str, x: Scalar, lim: Budget) -> Scalar:
     q = _pi_multiple(x)
     if q is None or (12 * q).denominator != 1:
-        return A.opaque(name[1:], x)
+        # tan, cot, sec, csc as quotients of sin and cos, so that identities between them can be decided
+        # (equiv.py: sin^2 + cos^2 = 1); sin and cos of non-special angles stay atoms.
+        sin, cos = _sin_cos(x, lim)
+        num, den = {"\\sin": (sin, None), "\\cos": (cos, None), "\\tan": (sin, cos), "\\cot": (cos, sin),
+                    "\\sec": (A.const(1), cos), "\\csc": (A.const(1), sin)}[name]
+        return num if den is None else A.div(num, den, lim)
     k = int(12 * q)
     sin, cos = _sin_twelfths(k), _sin_twelfths(k + 6)
     num, den = {"\\sin": (sin, None), "\\cos": (cos, None), "\\tan": (sin, cos), "\\cot": (cos, sin),

@@ -44,7 +44,7 @@ _UNICODE = str.maketrans({
     "\u00d7": r"\times ", "\u00b7": r"\cdot ", "\u22c5": r"\cdot ", "\u00f7": r"\div ", "\u221a": r"\sqrt ",
     "\u03c0": r"\pi ", "\u221e": r"\infty ", "\u2264": r"\le ", "\u2265": r"\ge ",
     "\u2260": r"\ne ", "\u00b1": r"\pm ", "\u222a": r"\cup ", "\u2205": r"\emptyset ", "\u00b2": "^2",
-    "\u00b3": "^3", "\u00a0": " ", "\u2009": " ", "\u202f": " ", "\u2007": " ", "\u200b": "", "\uff0c": ",",
+    "\u00b3": "^3", "\u2248": r"\approx ", "\u00a0": " ", "\u2009": " ", "\u202f": " ", "\u2007": " ", "\u200b": "", "\uff0c": ",",
     "\uff08": "(", "\uff09": ")", "\u2215": "/", "\uff05": "%",
     "\u066b": ".", "\u066c": ",", "\u060c": ",", "\u20ac": "", "\u00a3": "", "\u00a5": "", "\u20b9": "", "\u20bd": "",
     **{chr(0xFF10 + d): str(d) for d in range(10)},
@@ -60,9 +60,31 @@ _MATHY = re.compile(r"[0-9a-zA-Z\s.,+\-*/()\[\]^=<>|]*")
 _WORD2 = re.compile(r"[a-zA-Z]{2,}")
 _SIZING = re.compile(r"\\(?:left|right)\s*\.|"
                      r"\\(?:left|right|[bB]igg?[lrm]?|displaystyle|textstyle|scriptstyle|limits|nolimits)(?![a-zA-Z])")
-_THIN_THOUSANDS = re.compile(r"(?<=[0-9])(?:\\[,!]|\{,\}|\\ )(?=[0-9]{3}(?![0-9]))")
+_THIN_THOUSANDS = re.compile(r"(?<=[0-9])(?:\\[,!;:]|\{,\}|\\ )+(?=[0-9]{3}(?![0-9]))")
 _BRACED_COMMA = re.compile(r"(?<=[0-9])\{,\}(?=[0-9])")  # `2{,}5` (LaTeX decimal comma) once `10{,}000` is done
 _NEG_SPACE = re.compile(r"\\!")
+# Harmless wrappers around math: the macro goes, its braced argument stays a group (`\mathbf{\frac12}` is `{\frac12}`);
+# a colour or an explicit space goes whole.
+_WRAPPER = re.compile(r"\\(?:mathbf|boldsymbol|bm|pmb|underline|ensuremath|mathrm|mathit|mathsf|mathnormal|textbf|"
+                      r"textrm|textnormal)\s*(?=\{)|\\(?:textcolor|color)\s*\{[a-zA-Z!0-9]*\}|"
+                      r"\\(?:[hv]space\*?|phantom|hphantom|vphantom)\s*\{[^{}]*\}|"
+                      r"\\(?:tiny|small|normalsize|large|Large|LARGE|huge|Huge|mathstrut|strut)(?![a-zA-Z])")
+# `a \approx b`: the exact part and its approximation (answer.py keeps the exact part when the two agree);
+# `p \Rightarrow q`: the conclusion. Words that end a derivation in the answer itself.
+APPROX = "\\approx"
+_IMPLIES = re.compile(r"\\(?:Rightarrow|implies|Longrightarrow|therefore)(?![a-zA-Z])")
+# A word label before `=`: `\text{Area} = 6` is 6.
+_WORD_LABEL = re.compile(r"^\s*\\(?:text|mathrm|textbf|operatorname)\s*\{\s*[A-Za-z][A-Za-z ]{0,30}\}\s*=(?![=<>])")
+# Control characters a Python string made from LaTeX holds ("\frac" written without r"": form feed + "rac").
+_CONTROL = re.compile(r"[\x07\x08\x0b\x0c]|[\t\r](?=[a-z]{2})")
+_CONTROL_AS = {"\x07": "\\a", "\x08": "\\b", "\x0b": "\\v", "\x0c": "\\f", "\t": "\\t", "\r": "\\r"}
+# A command written with a doubled backslash, as a JSON dump leaves it (`\\frac`): one backslash. Only before a
+# command name, and never where a third backslash makes it a line break followed by a command.
+_OVER_ESCAPED = re.compile(
+    r"(?<!\\)\\(?=\\(?:boxed|fbox|frac|dfrac|tfrac|sqrt|text|mathrm|mathbf|pi|cdot|times|div|left|right|le|ge|leq|geq|"
+    r"neq|ne|infty|pm|mp|circ|begin|end|cup|cap|in|sin|cos|tan|cot|sec|csc|log|ln|exp|approx|dots|ldots|quad|qquad|"
+    r"alpha|beta|gamma|theta|lambda|mu|sigma|omega|binom|dbinom|emptyset|varnothing|mathbb|overline|sum|\(|\)|\[|\]|"
+    r"\$|\{|\})(?![a-zA-Z]))")
 _SPACES = re.compile(r"(?<!\\)\\[,;: ]|\\(?:quad|qquad|enspace|thinspace|medspace|thickspace)(?![a-zA-Z])|~")
 _FRAC = re.compile(r"\\[dtc]frac(?![a-zA-Z])")
 _BINOM = re.compile(r"\\[dt]binom(?![a-zA-Z])")
@@ -72,7 +94,9 @@ _TEMPERATURE = re.compile(r"(?:\^\s*\{?\s*\\circ\s*\}?|\u00b0)\s*(?:\\(?:text|ma
 _BARE_DEGREES = re.compile(r"(?<=[0-9}])\s*(?:degrees?|deg)\s*$")
 _UNIT_SQUARED = re.compile(r"(?<=[0-9 ])(mm|cm|km|m|ft|in)([\u00b2\u00b3])")
 _SPACE_THOUSANDS = re.compile(r"(?<![0-9.,])[0-9]{1,3}(?: [0-9]{3})+(?![0-9./])")
-_DECIMAL_COMMA = re.compile(r"-?[0-9]+,[0-9]{2}")  # `1,22`: two digits after a comma are no thousands grouping
+_DECIMAL_COMMA = re.compile(r"-?[0-9]+,[0-9]{2}|-?0,[0-9]+")  # `1,22`, `0,125`: no thousands grouping looks so
+_POINT_THOUSANDS = re.compile(r"-?[0-9]{1,3}(?:\.[0-9]{3})+,[0-9]+")  # `1.234,5`: thousands points, decimal comma
+_TRAILING_BREAK = re.compile(r"(?:\s*\\+)+$")  # a line break `\\` or a stray backslash after the answer
 _TRIG = re.compile(r"\\(?:sin|cos|tan|cot|sec|csc)(?![a-zA-Z])")
 _TRIG_DEGREE = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*(?:\^\s*\{?\s*\\circ\s*\}?|\\degree(?![a-zA-Z])|\u00b0)")
 _AND_OR = re.compile(r"(?<!\s)\s+(?:and|or)\s+")
@@ -82,7 +106,7 @@ _TRAIL = " \t\n\r.,;:?"
 _THOUSANDS = re.compile(r"(?<![0-9.,])[0-9]{1,3}(?:,[0-9]{3})+(?![0-9])(?!,[0-9])")
 _REPEATING = re.compile(r"(?<![0-9])([0-9]*)\.([0-9]*)\\overline\s*\{([0-9]{1,30})\}")
 _BARE_UNIT = re.compile(
-    r"(?<=[0-9})])\s*(?:" + "|".join(re.escape(u) for u in _BARE_UNITS)
+    r"(?:(?<=[0-9})])|(?<=\\pi))\s*(?:" + "|".join(re.escape(u) for u in _BARE_UNITS)
     + r")(?![a-zA-Z])(?:\s*\^\s*\{?\s*[23]\s*\}?)?\s*$")
 
 
@@ -118,17 +142,31 @@ def _trailing_words(m: re.Match) -> str:
     return m.group(0)
 
 
+def repair_escapes(text: str) -> str:
+    """Undo two accidents of how answers travel: control characters where `\\f`, `\\t`, `\\b` met a Python string,
+    and doubled backslashes before a command where a JSON dump escaped them."""
+    if _CONTROL.search(text):
+        text = _CONTROL.sub(lambda m: _CONTROL_AS[m.group()], text)
+    if "\\\\" in text:
+        text = _OVER_ESCAPED.sub("", text)
+    return text
+
+
 def clean(answer: str) -> str:
     """Return the answer as plain tokenisable LaTeX-ish text (see the module docstring for what is removed)."""
     s = _UNIT_SQUARED.sub(lambda m: "\\text{%s}^%d" % (m.group(1), 2 if m.group(2) == "\u00b2" else 3), answer)
-    s = s.translate(_UNICODE).replace("~", " ")
+    s = repair_escapes(s).translate(_UNICODE).replace("~", " ")
     if "C" in s or "F" in s:
         s = _TEMPERATURE.sub(" ", s)
     if "\\" in s or "{" in s:
         s = _THIN_THOUSANDS.sub("", s)
         s = _BRACED_COMMA.sub(".", s)
+        if "\\R" in s or "\\i" in s or "\\L" in s or "\\t" in s:
+            s = _IMPLIES.split(s)[-1]
+        s = _WORD_LABEL.sub("", s)
         for _ in range(2):  # a unit inside a text command (`\\text{5 \\text{cm}}`) is removed first
             s = _TEXT_CMD.sub(_text_command, s)
+        s = _WRAPPER.sub(" ", s)
         s = _SIZING.sub("", s)
         s = _NEG_SPACE.sub("", s)
         s = _SPACES.sub(" ", s)
@@ -141,7 +179,7 @@ def clean(answer: str) -> str:
     s = _MATH_DELIMS.sub("", s)
     s = _AND_OR.sub(", ", s)
     s = _PERCENT.sub("%", s)
-    s = s.strip().rstrip(_TRAIL)
+    s = _TRAILING_BREAK.sub("", s.strip().rstrip(_TRAIL)).rstrip(_TRAIL)
     s = _BARE_DEGREES.sub(_DEGREE_MARK, s)
     s = _BARE_UNIT.sub("", s).rstrip()
     s = _TRAILING_WORDS.sub(_trailing_words, s).rstrip()
@@ -150,5 +188,7 @@ def clean(answer: str) -> str:
     if "," in s and not any(c in s for c in "([{"):
         if _DECIMAL_COMMA.fullmatch(s):
             return s.replace(",", ".")
+        if _POINT_THOUSANDS.fullmatch(s):
+            return s.replace(".", "").replace(",", ".")
         s = _THOUSANDS.sub(lambda m: m.group(0).replace(",", ""), s)
     return s.rstrip(_TRAIL).strip()

@@ -18,6 +18,7 @@ import re
 from typing import Callable, NamedTuple
 
 from align.verify.extract import _SEPARATOR, final_group, find_boxes, join_group
+from align.verify.normalize import repair_escapes
 
 # Final-answer phrases, case-insensitive. What follows may start with "is", ":", "=", "是", "为" (eaten below).
 _POINT_PHRASES = [  # languages that write a decimal point
@@ -40,15 +41,25 @@ _COMMA_PHRASES = [  # languages that write a decimal comma: `2,5` after these is
     r"окончательный\s+ответ", r"итоговый\s+ответ", r"ответ\s*[:：]", r"ответ\s+(?:равен|—|-)", r"відповідь\s*[:：]",
     r"cevap\s*[:：]", r"yan[ıi]t\s*[:：]", r"đáp\s+án", r"jawaban(?:nya)?\s+(?:adalah|:)",
 ]
-_TAIL = r"[ \t*]*(?:is\b|est\b|es\b|ist\b|是|为|為|は|:|：|=|—|-)?[ \t*:：]*"
+# A dash after the phrase is punctuation only when a space follows it: "the answer is -7" keeps its sign.
+_TAIL = r"[ \t*]*(?:is\b|est\b|es\b|ist\b|是|为|為|は|:|：|=|—|-(?=\s))?[ \t*:：]*"
 _PHRASE = re.compile("(?i)(?:(?P<point>" + "|".join(_POINT_PHRASES) + ")|(?P<comma>" + "|".join(_COMMA_PHRASES) + "))"
                      + _TAIL)
 _COMMA_DECIMAL = re.compile(r"-?[0-9]+,[0-9]+")
+_POINT_THOUSANDS_COMMA_DECIMAL = re.compile(r"-?[0-9]{1,3}(?:\.[0-9]{3})+,[0-9]+")  # German `1.234,5`
 # The end of the phrase's answer: a line break, or sentence punctuation followed by a space or the end.
-_SENTENCE_END = re.compile(r"\n|[.!?](?=\s|$)|[。！？]")
+_SENTENCE_END = re.compile(r"\n|[.!?](?=\s|$)|[。！？।॥؟]")
+_BLANK_LINE = re.compile(r"\n[ \t]*\n")  # TeX ends math mode at a paragraph break: no span holds one
 _DELIM = re.compile(r"(?<!\\)\$\$|(?<!\\)\$|\\\(|\\\)|\\\[|\\\]")
 _CLOSE = {"$$": "$$", "$": "$", "\\(": "\\)", "\\[": "\\]"}
-_NUMBER = re.compile(r"(?<![\w.])-?[0-9]+(?:[.,][0-9]+)*(?![\w])")
+# ASCII-only boundaries: "共有57颗" holds the number 57 (CJK letters count as \w in Python's regex). A clock time
+# `10:30` or `10:30:00` is one number.
+_NUMBER = re.compile(r"(?<![A-Za-z0-9_.])-?(?:[0-9]{1,2}:[0-9]{2}(?::[0-9]{2})?|[0-9]+(?:[.,][0-9]+)*)(?![A-Za-z0-9_:])")
+# Other scripts' digits, read as ASCII digits before looking for the last number (one character for one).
+_DIGITS = str.maketrans({chr(base + d): str(d) for base in (0x0660, 0x06F0, 0x0966, 0xFF10) for d in range(10)})
+# A one-letter assignment right before the number ("The only solution is x = 1."): the number is the value.
+_ASSIGNED = re.compile(r"\b[a-zA-Z]\s*=\s*(?=-?[0-9])")
+_THINK_END = "</think>"
 _HEDGE = re.compile(r"(?i)\b(?:or|either|maybe|perhaps|possibly|probably|approximately|about|around|roughly|ou|o|oder"
                     r"|или|أو|या)\b|或")
 _MATHY = re.compile(r"[\\{}^_=<>]")  # a sentence with these is an expression, not prose around one number
@@ -68,6 +79,8 @@ def math_spans(text: str) -> list[Span]:
     spans, opener, open_end, open_at = [], None, 0, 0
     for m in _DELIM.finditer(text):
         d = m.group()
+        if opener is not None and _BLANK_LINE.search(text, open_end, m.start()):
+            opener = None  # the span was broken by a paragraph: TeX would have left math mode there
         if opener is None:
             if d in _CLOSE:
                 opener, open_at, open_end = d, m.start(), m.end()
@@ -96,6 +109,8 @@ def _after_phrase(text: str) -> str | None:
     answer = _TRAILING_PARTICLES.sub("", rest if end is None else rest[:end.start()]).strip(" \t*")
     if last.group("comma") and _COMMA_DECIMAL.fullmatch(answer):
         answer = answer.replace(",", ".")
+    elif last.group("comma") and _POINT_THOUSANDS_COMMA_DECIMAL.fullmatch(answer):
+        answer = answer.replace(".", "").replace(",", ".")
     return answer or None
 
 
@@ -110,6 +125,7 @@ def _adjacent(text: str, spans: list[Span]) -> list[Span]:
 
 
 def _last_number(text: str) -> str | None:
+    text = text.translate(_DIGITS)
     numbers = list(_NUMBER.finditer(text))
     if not numbers:
         return None
@@ -120,7 +136,8 @@ def _last_number(text: str) -> str | None:
     sentence = text[start:]
     end = _SENTENCE_END.search(sentence, last.end() - start)
     sentence = sentence if end is None else sentence[:end.start()]
-    if len(_NUMBER.findall(sentence)) != 1 or _HEDGE.search(sentence) or _MATHY.search(sentence.replace("\\$", "")):
+    sentence = _ASSIGNED.sub("", sentence.replace("\\$", ""))
+    if len(_NUMBER.findall(sentence)) != 1 or _HEDGE.search(sentence) or _MATHY.search(sentence):
         return None
     return last.group()
 
@@ -135,7 +152,7 @@ def extract(response: str, max_chars: int, fallback: bool = False,
             readable: Callable[[str], bool] | None = None) -> Extraction:
     """The final answer of `response` (its last `max_chars` characters): its last box group; with `fallback`, when
     there is no box, steps 2-5 of the module docstring (step 3 only when `readable` is given)."""
-    text = response[-max_chars:] if len(response) > max_chars else response
+    text = repair_escapes(response[-max_chars:] if len(response) > max_chars else response)
     boxes = find_boxes(text) if "box" in text else []
     if boxes:
         group = final_group(text, boxes)
@@ -144,6 +161,9 @@ def extract(response: str, max_chars: int, fallback: bool = False,
         return Extraction(join_group([b.content for b in group]), len(boxes), "box")
     if not fallback:
         return Extraction(None, 0, "none")
+    if _THINK_END in text:  # a reasoning model's scratch work is not its answer; what follows the block is
+        after = text[text.rindex(_THINK_END) + len(_THINK_END):]
+        text = after if after.strip() else text
     answer, source = _unboxed_answer(text, readable)
     return Extraction(answer, 0, source)
 
@@ -166,6 +186,11 @@ def _answer_shaped(text: str, spans: list[Span]) -> bool:
 def _unboxed_answer(text: str, readable: Callable[[str], bool] | None) -> tuple[str | None, str]:
     found = _after_phrase(text)
     if found is not None:
+        if readable is not None and not readable(found):
+            # "Final Answer: The largest n is 12.": a sentence after the phrase, whose one number is the answer
+            number = _last_number(found)
+            if number is not None:
+                return number, "phrase"
         return found, "phrase"
     spans = math_spans(text)
     if readable is not None and _answer_shaped(text, spans) and readable(text):

@@ -9,7 +9,7 @@ from fractions import Fraction
 from align.verify import algebra as A
 from align.verify.algebra import Scalar
 from align.verify.limits import Budget, Unsupported
-from align.verify.values import FiniteSet, Infinity, Interval, PairParen, Relation, Tuple, Union, Value
+from align.verify.values import FiniteSet, Infinity, Interval, PairParen, Ratio, Relation, Tuple, Union, Value
 
 _FLIP = {">": "<", ">=": "<="}
 
@@ -44,6 +44,26 @@ def union_value(a: Value, b: Value) -> Union:
     return Union(tuple(parts))
 
 
+def is_label(v: object, sums: bool = False) -> bool:
+    """A name for a quantity, not a formula: a product of distinct variables or absolute values (`x`, `XY`, `g x`
+    as `g(x)` reads, `|PQ|`), each to the first power with coefficient 1; with `sums`, a sum of such names with no
+    constant term (`m + n`)."""
+    if not isinstance(v, Scalar) or v.den is not None or not v.num or (len(v.num) > 1 and not sums):
+        return False
+    for (r, names), c in v.num.items():
+        if c != 1 or r != 1 or not names or any(k != 1 for _, k in names):
+            return False
+        if any(not (n.startswith("v:") and not n.startswith("v:#")) and not n.startswith("f:abs(") for n, _ in names):
+            return False
+    return True
+
+
+def _names(v: Value) -> bool:
+    """A tuple or ratio of names: `(a, b)`, `S_1 : S_2`."""
+    items = (v.a, v.b) if isinstance(v, PairParen) else v.items if isinstance(v, (Tuple, Ratio)) else ()
+    return bool(items) and all(is_label(x) for x in items)
+
+
 def _is_constant(v: Value) -> bool:
     return isinstance(v, Infinity) or (isinstance(v, Scalar) and v.is_constant())
 
@@ -58,6 +78,8 @@ def _equations(parts: list[Value], lim: Budget) -> Value:
     """`x = 5` is an assignment; `x = 2 + 3 = 5` too (its right-hand sides must agree); `2 + 3 = 5` is 5 only if it
     is true; `5 = 6` is refused (a false statement must not score as its right-hand side)."""
     first = parts[0]
+    if len(parts) == 2 and _names(first) and not _names(parts[1]):  # `(a, b) = (4, 1)`, `S_1:S_2 = 5:9`
+        return parts[1]
     if isinstance(first, Scalar) and A.variable_name(first) is not None:
         rest = parts[1:]
         if len(rest) > 1 and not _equal_chain(rest, lim):
@@ -120,7 +142,48 @@ def _intersect(a: Interval, b: Interval) -> Interval:
     return Interval(lo.lo, hi.hi, lo.lo_closed, hi.hi_closed)
 
 
+def _abs_of_variable(v: Value) -> bool:
+    """|x| for one variable x (an atom abs(x))."""
+    return (isinstance(v, Scalar) and v.den is None and len(v.num) == 1 and is_label(v)
+            and len(next(iter(v.num))[1]) == 1 and next(iter(v.num))[1][0][0].startswith("f:abs(1*v:")
+            and next(iter(v.num))[1][0][0].count("*") == 1)
+
+
+def _abs_set(lo: Value | None, lo_op: str, hi: Value | None, hi_op: str) -> Value:
+    """lo op |x| op hi (either side may be missing) as a set of x: `|x| < 3` is (-3, 3), `2 \\le |x| \\le 3` is
+    [-3, -2] U [2, 3], `|x| > 2` is (-inf, -2) U (2, inf). Rational bounds only."""
+    low = lo.rational() if isinstance(lo, Scalar) else (None if lo is not None else Fraction(0))
+    high = hi.rational() if isinstance(hi, Scalar) else None
+    if low is None or (hi is not None and high is None) or low < 0 or (high is not None and high < low):
+        raise Unsupported("absolute value bound")
+    lo_closed = lo is None or lo_op == "<="
+    if high is None:
+        if lo is None or low == 0:
+            raise Unsupported("absolute value bound")
+        return Union((Interval(Infinity(-1), A.const(-low), False, lo_closed),
+                      Interval(A.const(low), Infinity(1), lo_closed, False)))
+    hi_closed = hi_op == "<="
+    if lo is None:
+        return Interval(A.const(-high), A.const(high), hi_closed, hi_closed)
+    return Union((Interval(A.const(-high), A.const(-low), hi_closed, lo_closed),
+                  Interval(A.const(low), A.const(high), lo_closed, hi_closed)))
+
+
 def _inequality(parts: list[Value], ops: list[str], lim: Budget) -> Value:
+    if len(parts) == 2 and "!=" not in ops:
+        op, lhs, rhs = ops[0], parts[0], parts[1]
+        if op in _FLIP:
+            op, lhs, rhs = _FLIP[op], rhs, lhs
+        if _abs_of_variable(lhs) and _is_constant(rhs):
+            return _abs_set(None, op, rhs, op)
+        if _abs_of_variable(rhs) and _is_constant(lhs):
+            return _abs_set(lhs, op, None, op)
+    if len(parts) == 3 and "!=" not in ops and _abs_of_variable(parts[1]):
+        lo, hi, o = parts[0], parts[2], ops
+        if all(x in _FLIP for x in o):
+            lo, hi, o = hi, lo, [_FLIP[x] for x in reversed(o)]
+        if all(x in ("<", "<=") for x in o) and _is_constant(lo) and _is_constant(hi):
+            return _abs_set(lo, o[0], hi, o[1])
     if len(parts) == 2:
         op, lhs, rhs = ops[0], parts[0], parts[1]
         if op in _FLIP:
@@ -133,7 +196,7 @@ def _inequality(parts: list[Value], ops: list[str], lim: Budget) -> Value:
                                   Interval(bound, Infinity(1), False, False)))
         if op != "!=":
             for side, var, bound in (("left", lhs, rhs), ("right", rhs, lhs)):
-                if isinstance(var, Scalar) and A.variable_name(var) and _is_constant(bound):
+                if is_label(var) and _is_constant(bound):
                     return _interval_from(side, op, bound)
             solved = _solve_linear(lhs, op, rhs, lim)
             if solved is not None:
@@ -145,7 +208,7 @@ def _inequality(parts: list[Value], ops: list[str], lim: Budget) -> Value:
         lo, mid, hi = parts
         if all(o in _FLIP for o in ops):
             lo, hi, ops = hi, lo, [_FLIP[o] for o in reversed(ops)]
-        if all(o in ("<", "<=") for o in ops) and isinstance(mid, Scalar) and A.variable_name(mid):
+        if all(o in ("<", "<=") for o in ops) and is_label(mid):
             if _is_constant(lo) and _is_constant(hi):
                 return Interval(lo, hi, ops[0] == "<=", ops[1] == "<=")
         if all(o in ("<", "<=") for o in ops) and _is_constant(lo) and _is_constant(hi):

@@ -94,6 +94,20 @@ class Relation:
 
 
 @dataclass(frozen=True, eq=False)
+class Ratio:
+    """`5:9` (two or more parts): equal to any ratio of proportional parts (`10:18`)."""
+
+    items: tuple
+
+
+@dataclass(frozen=True, eq=False)
+class Time:
+    """A clock time `10:30` or `10:30:00`, as seconds after midnight."""
+
+    seconds: int
+
+
+@dataclass(frozen=True, eq=False)
 class Text:
     """A word answer (`\\text{Evelyn}`, `yes`), lower-cased with spaces collapsed."""
 
@@ -101,4 +115,4 @@ class Text:
 
 
 Value = (Scalar | Infinity | Percent | Degrees | Based | Matrix | Interval | PairParen | Tuple | List | FiniteSet
-         | Union | Relation | Text)
+         | Union | Relation | Ratio | Time | Text)

@@ -33,12 +33,34 @@ def test_is_readable():
 @pytest.mark.parametrize("gold, pred, expected", [
     ("0.333", r"\frac13", True), ("0.33", r"\frac13", False),  # >= 3 significant digits to count as rounded
     ("3.14", r"\pi", True), ("3.141", r"\pi", False), ("3.14", "3.1416", False),  # terminating preds are exact
-    (r"\frac13", "0.333333", False),  # the tolerance follows the gold only
+    (r"\frac13", "0.333333", True),  # issue 46: VerifyConfig.decimal_min_sig_digits (off in REWARD_CONFIG)
     ("0.500", r"\frac12", True), ("2.0", "2", True),
     ("-0.333", r"-\frac{1}{3}", True), ("-0.333", r"\frac{1}{3}", False),
 ])
 def test_rounded_gold_tolerance(gold, pred, expected):
     assert are_equivalent(gold, pred) is expected
+
+
+@pytest.mark.parametrize("gold, pred, expected", [
+    (r"\frac13", "0.3333", True), (r"\frac23", "0.6667", True), (r"\frac23", "0.6666", True),  # rounded, truncated
+    (r"\frac13", "0.333", False), (r"\frac13", "0.3334", False),  # under 4 significant digits; neither
+    (r"\sqrt{10}", "3.1622776601683795", True), (r"\sqrt{10}", "3.16229", False),  # a double's repr
+    (r"\frac18", "0.13", False), (r"\frac18", "0.1250", True),  # a terminating gold needs its value
+    (r"\pi", "3.1416", True), (r"\pi", "3.1417", False), (r"\frac{\sqrt3}{2}", "0.8660", True),
+])
+def test_decimal_prediction_of_an_exact_gold(gold, pred, expected):
+    assert are_equivalent(gold, pred) is expected
+
+
+def test_decimal_prediction_tolerance_is_configurable_and_off_for_the_reward():
+    from align.eval.verifier import score
+    from align.verify.config import REWARD_CONFIG
+
+    assert REWARD_CONFIG.decimal_min_sig_digits == 0
+    assert are_equivalent(r"\frac13", "0.3333", REWARD_CONFIG) is False
+    assert score(r"\boxed{0.3333}", r"\frac13").reward == 0.0
+    assert score(r"\boxed{0.3333}", r"\frac13", VerifyConfig()).reward == 1.0
+    assert are_equivalent(r"\frac13", "0.33", VerifyConfig(decimal_min_sig_digits=2)) is True
 
 
 def test_rounded_gold_tolerance_can_be_turned_off():

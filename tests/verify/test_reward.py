@@ -79,10 +79,13 @@ def test_reward_keeps_its_box_rule_but_compares_with_the_same_code():
     from verify_corpus import load_corpus
 
     from align.verify import answer_of, are_equivalent
+    from align.verify.config import REWARD_CONFIG
 
     assert are_equivalent("42", "The answer is 42.") is True and score("The answer is 42.", "42").reward == 0.0
     for case in load_corpus(Path(__file__).with_name("equiv_corpus.txt")):
         if "box" in case.response or answer_of(case.response) != case.response:
             continue  # only bare answers: boxed, each is the same answer
         boxed = score(f"So \\boxed{{{case.response}}}.", case.gold)
-        assert (boxed.reward == 1.0) is are_equivalent(case.gold, case.response), (case.line, case.gold, case.response)
+        # the same settings on both sides: the reward's (an exact gold needs an exact answer)
+        same = are_equivalent(case.gold, case.response, REWARD_CONFIG)
+        assert (boxed.reward == 1.0) is same, (case.line, case.gold, case.response)

@@ -31,6 +31,7 @@ from align.exceptions import ArtifactError, CheckpointError
 from align.train import faults
 from align.utils.dist import barrier, broadcast_object, is_rank0, rank, world_size
 from align.utils.fsio import disk_errors, publish_dir, staging_dir
+from align.utils.guard import require_free_disk
 from align.utils.manifest import read_manifest, write_manifest
 
 KIND = "train_checkpoint"
@@ -109,6 +110,25 @@ def save_checkpoint(root: str | os.PathLike, step: int, *, weights: dict[str, to
         _save_staged(staging, final, step, weights, write_weights, resume, module_state, identity)
     barrier()  # no rank moves on (or exits) before the checkpoint is published
     return final
+
+
+def disk_plan(model: torch.nn.Module, keep_last: int) -> tuple[int, str]:
+    """(bytes, how) a training run will write at most: `keep_last` checkpoints kept plus one being staged before the
+    oldest is pruned, each the weights plus AdamW's two fp32 moments per trainable parameter (an upper bound for the
+    8-bit and offloaded optimizers), plus the final weights."""
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    moments = 2 * 4 * sum(p.numel() for p in model.parameters() if p.requires_grad)
+    ckpt = weights + moments
+    need = ckpt * (keep_last + 1) + weights
+    return need, (f"checkpoint {ckpt} bytes (weights {weights} + optimizer {moments}) x (keep_last {keep_last} + 1 "
+                  f"staged) + final {weights}")
+
+
+def check_disk(root: str | os.PathLike, model: torch.nn.Module, keep_last: int) -> None:
+    """Rank 0, before the first step: refuse (exit 83) when the disk cannot hold what the run will write."""
+    if is_rank0():
+        need, how = disk_plan(model, keep_last)
+        require_free_disk(root, need, how)
 
 
 def state_bytes(obj) -> int:

@@ -102,6 +102,7 @@ class Trainer:
     def fit(self) -> int:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.resume()
+        ckpt_io.check_disk(self.ckpt_root, self.module.model, self.cfg.keep_last)  # refuse now, not at a save
         self.history.truncate_after(self.step)  # a resume replays the steps after its checkpoint
         for cb in self.callbacks:
             cb.on_fit_start(self)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from align.exceptions import PreflightRefused
+from align.utils.fsio import free_bytes, human_bytes
 
 LOCK_ENV = "ALIGN_HEAVY_LOCK"
 _GIB = 1024 ** 3
@@ -101,6 +102,16 @@ def preflight_problems(cfg: PreflightConfig, status: HostStatus) -> list[str]:
             if free < cfg.min_free_gpu_gib:
                 problems.append(f"GPU {i} free memory {free:.1f} GiB < {cfg.min_free_gpu_gib} GiB")
     return problems
+
+
+def require_free_disk(path: str | os.PathLike, need_bytes: int, plan: str) -> int:
+    """Refuse (`PreflightRefused`, exit 83) before anything is written when the filesystem of `path` has fewer free
+    bytes than a stage will write; `plan` says how `need_bytes` was estimated. Returns the free bytes."""
+    free = free_bytes(path)
+    if free is not None and free < need_bytes:
+        raise PreflightRefused(f"disk preflight: {plan} = {human_bytes(need_bytes)} to write under {path}, but its "
+                               f"filesystem has {human_bytes(free)} free")
+    return free if free is not None else -1
 
 
 def preflight(cfg: PreflightConfig, run_dir: str | os.PathLike) -> HostStatus:

@@ -63,6 +63,7 @@ FILES = {
             suffix: str = "!"
             sleep_s: float = 0.0  # pause after the first write (a window to kill the worker mid-write)
             fail: bool = False
+            checkpoint: bool = False  # publish run_dir/checkpoints/step_1 (with its manifest) before the pause
 
 
         @dataclass(frozen=True)
@@ -81,6 +82,11 @@ FILES = {
             out = run_dir / "out"
             staging = staging_dir(out)
             (staging / "data.txt").write_text(transform(Path(source(run_dir)).read_text(), cfg.job))
+            if cfg.job.checkpoint:
+                ckpt = staging_dir(run_dir / "checkpoints" / "step_1")
+                (ckpt / "state.txt").write_text("step 1")
+                write_manifest(ckpt, "train_checkpoint")
+                publish_dir(ckpt, run_dir / "checkpoints" / "step_1")
             if cfg.job.sleep_s:
                 (run_dir / "WRITING").write_text(str(os.getpid()))
                 time.sleep(cfg.job.sleep_s)

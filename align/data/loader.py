@@ -19,6 +19,11 @@ unchanged every later optimizer step sees the same micro-batches as the uninterr
 differs). A change of the data, the seed or the batching (micro_batch_size, max_tokens, pad_to_multiple, shuffle)
 is refused: it would silently change the order.
 
+Mixtures: a shard set built from several sources (align.data.shard_build, a `[mixtures.<split>]` of shards.toml)
+carries their row ranges and weights; an epoch is then each source's share of `epoch_rows` rows, drawn from its own
+seeded permutation and cycled up to `max_repetition` (align.data.mixture, the pretraining mixture's rule), in one
+seeded order. The cursor, the rank split and resume are unchanged; a state also binds the mixture's weights.
+
 Packing (`packing = "greedy" | "ffd"`, SFT shard sets only): the unit of a micro-batch becomes a packed row of
 `seq_len` tokens holding several whole conversations (align.data.packing decides which, per epoch, from the seeded
 order); `micro_batch_size` counts packed rows. The cursor, the rank split and resume are the same as above, over
@@ -142,6 +147,9 @@ class BatchLoader:
         if len(shards) == 0:
             raise ArtifactError(f"{shards.path}: the shard set has no rows")
         self._lengths = shards.row_lengths
+        self._mixture = shards.mixture
+        if self._mixture is not None:
+            self._mixture.epoch_rows_of(seed, 0)  # a mixture asking for more than max_repetition fails here, not later
         self._loss_tokens = shards.row_loss_tokens
         if cfg.max_tokens is not None:
             widest = int(self._lengths.max())
@@ -175,7 +183,10 @@ class BatchLoader:
         """The epoch's plan; the two most recent epochs are cached."""
         if epoch not in self._plan_cache:
             cfg = self.cfg
-            order = epoch_order(len(self.shards), self.seed, epoch, cfg.shuffle)
+            if self._mixture is None:
+                order = epoch_order(len(self.shards), self.seed, epoch, cfg.shuffle)
+            else:  # a mixture split: each source's share of the epoch, repeats allowed (align.data.mixture)
+                order = self._mixture.order(self.seed, epoch, cfg.shuffle)
             lengths = self._lengths[order]
             if cfg.packing == "none":
                 bins = np.arange(len(order) + 1, dtype=np.int64)
@@ -225,6 +236,8 @@ class BatchLoader:
         """Shape of one epoch: documents, batch rows, micro-batches, real and padded tokens, the padding share."""
         plan, arms = self._plan(epoch), self.shards.seqs_per_row
         tokens = int(self.shards.manifest["tokens"])
+        if self._mixture is not None and arms == 1:  # rows repeat or are left out: the epoch's own tokens
+            tokens = int(self._lengths[plan.rows].sum())
         batch_rows = np.diff(plan.starts)
         if self.cfg.packing != "none":
             padded = int(batch_rows.sum()) * self.cfg.seq_len
@@ -232,15 +245,21 @@ class BatchLoader:
             widest = np.maximum.reduceat(self._lengths[plan.rows], plan.starts[:-1])
             widths = -(-widest // self.cfg.pad_to_multiple) * self.cfg.pad_to_multiple
             padded = int((batch_rows * widths).sum()) * arms
+        if self._mixture is not None and arms > 1:  # a pair's arms are not kept apart per row: no exact total
+            tokens = None
         return {"documents": len(plan.rows), "batch_rows": int(batch_rows.sum()), "micro_batches": len(batch_rows),
-                "tokens": tokens, "padded_tokens": padded, "padding_fraction": 1.0 - tokens / padded}
+                "tokens": tokens, "padded_tokens": padded,
+                "padding_fraction": None if tokens is None else 1.0 - tokens / padded}
 
     # ---- resume --------------------------------------------------------------------------------------------------
 
     def state_dict(self) -> dict:
-        return {"version": STATE_VERSION, "seed": self.seed, "epoch": self.epoch, "offset": self.offset,
-                "step": self.step, "dataset": self.shards.digest, "rows": len(self.shards),
-                "batching": self.cfg.batching(), "world_size": self.world_size, "grad_accum": self.cfg.grad_accum}
+        state = {"version": STATE_VERSION, "seed": self.seed, "epoch": self.epoch, "offset": self.offset,
+                 "step": self.step, "dataset": self.shards.digest, "rows": len(self.shards),
+                 "batching": self.cfg.batching(), "world_size": self.world_size, "grad_accum": self.cfg.grad_accum}
+        if self._mixture is not None:  # the weights live in the manifest, not in the files the digest covers
+            state["mixture"] = self._mixture.identity()
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         """Continue exactly where `state` was taken (any world size; see the module docstring)."""
@@ -248,7 +267,9 @@ class BatchLoader:
             raise ArtifactError(f"loader state version {state.get('version')!r}, this code reads {STATE_VERSION}")
         checks = (("dataset", state["dataset"], self.shards.digest, "the shard set differs"),
                   ("seed", state["seed"], self.seed, "the seed differs"),
-                  ("batching", state["batching"], self.cfg.batching(), "micro-batch boundaries would differ"))
+                  ("batching", state["batching"], self.cfg.batching(), "micro-batch boundaries would differ"),
+                  ("mixture", state.get("mixture"), None if self._mixture is None else self._mixture.identity(),
+                   "the sources' shares of an epoch would differ"))
         for name, saved, current, why in checks:
             if saved != current:
                 raise ArtifactError(f"loader state: {name} was {saved!r}, now {current!r} ({why}); resuming would "

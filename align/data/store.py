@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from align.data.encoding import Encoded
+from align.data.mixture import RowMixture
 from align.exceptions import ArtifactError
 from align.utils.fsio import disk_errors
 from align.utils.manifest import manifest_digest, read_manifest
@@ -149,6 +150,12 @@ class ShardSet:
     @property
     def tokenizer_hash(self) -> str:
         return self.manifest["tokenizer"]["content_hash"]
+
+    @cached_property
+    def mixture(self) -> RowMixture | None:
+        """The sources of a mixture split's rows and their weights (align.data.mixture); None for one source."""
+        entry = self.manifest.get("mixture")
+        return None if entry is None else RowMixture.from_manifest(entry)
 
     @cached_property
     def row_lengths(self) -> np.ndarray:

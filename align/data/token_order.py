@@ -31,13 +31,13 @@ import torch
 
 from align.data.collate import IGNORE_INDEX
 from align.data.loader import StepBatch, resolve_rank
+from align.data.mixture import source_picks
 from align.data.order import epoch_order
 from align.data.pretrain_corpus import Corpus, Split
 from align.data.token_bins import BinStream, bin_row, bin_stream
 from align.exceptions import ArtifactError, ConfigError
 
 STATE_VERSION = 1
-_SOURCE_SALT = 0x4D495854  # "MIXT": a source's document permutation is not the epoch order's stream
 
 
 @dataclass(frozen=True)
@@ -70,23 +70,13 @@ class EpochStream:
 
 
 def mixture_documents(corpus: Corpus, cfg: TokenLoaderConfig, seed: int, epoch: int) -> np.ndarray:
-    """The documents of one epoch in stream order (steps 1-2 of the module docstring)."""
-    split, total_w = corpus.train, sum(corpus.weights)
+    """The documents of one epoch in stream order (steps 1-2 of the module docstring; step 1 is align.data.mixture's
+    rule, shared with the chat splits' mixtures)."""
+    split = corpus.train
     budget = cfg.epoch_tokens or int(split.lengths.sum())
-    picks = []
-    for s, (name, weight) in enumerate(zip(corpus.names, corpus.weights)):
-        own = np.flatnonzero(split.source == s)
-        target = weight / total_w * budget
-        lengths = split.lengths[own]
-        perm = own[epoch_order(len(own), seed ^ _SOURCE_SALT ^ s, epoch)]
-        passes = max(1, int(np.ceil(target / lengths.sum())))
-        if passes > cfg.max_repetition:
-            raise ConfigError(f"mixture: source {name!r} has {int(lengths.sum())} training tokens, its weight asks "
-                              f"for {target:.0f} per epoch ({passes} passes > loader.max_repetition = "
-                              f"{cfg.max_repetition}); lower its weight or epoch_tokens, or add data")
-        cycled = np.tile(perm, passes)
-        cum = np.cumsum(split.lengths[cycled])
-        picks.append(cycled[: int(np.searchsorted(cum, target)) + 1])
+    members = [np.flatnonzero(split.source == s) for s in range(len(corpus.names))]
+    picks = source_picks(members, split.lengths, corpus.weights, corpus.names, budget, cfg.max_repetition, seed,
+                         epoch, unit="training tokens")
     docs = np.concatenate(picks)
     return docs[epoch_order(len(docs), seed, epoch)]
 

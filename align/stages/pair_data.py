@@ -52,6 +52,7 @@ class RowSubset:
         self.digest = sha256_bytes(parent.digest.encode() + self.rows.tobytes())  # binds a resume to the subset
         self.row_lengths = parent.row_lengths[self.rows]
         self.row_loss_tokens = parent.row_loss_tokens[self.rows]
+        self.mixture = None if parent.mixture is None else parent.mixture.subset(self.rows)  # a mixture's sources
 
     def __len__(self) -> int:
         return len(self.rows)

@@ -18,7 +18,6 @@ if TYPE_CHECKING:
 class DenseMlp:
     """Mistral's SwiGLU MLP: gate/up fused into one product, silu(gate) * up the down product's prologue."""
 
-    qk_norm = False
     lora_mlp = True  # its gate/up/down are nn.Linear: LoRA adapters on them run in the decode step (lora_decode)
 
     @staticmethod

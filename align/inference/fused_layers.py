@@ -58,6 +58,7 @@ class _Fused:
     wdown: object  # dense: (D, F); sparse: E prepared (D, I)
     stamp: tuple  # (version, data_ptr) of every source weight when built
     wrouter: object = None  # sparse: the router (E, D), prepared for the product it runs on (`SparseMlp.router`)
+    bqkv: torch.Tensor | None = None  # (H*Dh + 2*KVH*Dh,) the q/k/v biases concatenated (Qwen 2), else None
 
 
 def _sources(layer) -> tuple[torch.Tensor, ...]:
@@ -65,8 +66,15 @@ def _sources(layer) -> tuple[torch.Tensor, ...]:
     return (a.q_proj.weight, a.k_proj.weight, a.v_proj.weight, a.o_proj.weight)
 
 
-# Per family (align.model.family): what the decode step runs after attention, and whether q/k are normed.
-DECODE_BLOCKS = {"mistral": DenseMlp, "olmoe": SparseMlp}
+def _biases(layer) -> tuple[torch.Tensor, ...]:
+    """The q, k, v biases of a layer that has them (Qwen 2), else (): part of the fused copies' stamp."""
+    a = layer.self_attn
+    return tuple(p.bias for p in (a.q_proj, a.k_proj, a.v_proj) if p.bias is not None)
+
+
+# Per family (align.model.family): what the decode step runs after attention. What runs before RoPE (biases, a
+# QK-norm) is read from the attention module itself (`qk_norm`, the projections' biases), not from the family.
+DECODE_BLOCKS = {"mistral": DenseMlp, "olmoe": SparseMlp, "llama": DenseMlp, "qwen2": DenseMlp, "qwen3": DenseMlp}
 
 
 def _stamp(tensors) -> tuple:
@@ -87,6 +95,8 @@ class FusedDecoder:
         self._expert_pads: dict[tuple, object] = {}  # (threads, adapter shapes) -> row padder of the expert products
         self.heads = cfg.num_attention_heads + cfg.num_key_value_heads  # rotated heads: q and k together
         self.head_dim = cfg.head_dim
+        # None | "head" (Qwen 3) | "projection" (OLMoE): align.model.mistral.MistralAttention.qk_norm
+        self.qk_norm = self.layers[0].self_attn.qk_norm if len(self.layers) else None
         self.fused: list[_Fused | None] = [None] * len(self.layers)
         # per layer: {product: AdapterPair | None} when the layer has LoRA adapters (lora_decode), else {}
         self.adapters: list[dict] = [{} for _ in self.layers]
@@ -132,10 +142,11 @@ class FusedDecoder:
         how many were rebuilt."""
         rebuilt = 0
         for i, layer in enumerate(self.layers):
-            attn, mlp = _sources(layer), self.block.sources(layer)
-            if self.fused[i] is None or self.fused[i].stamp != _stamp(attn + mlp):
+            attn, mlp, bias = _sources(layer), self.block.sources(layer), _biases(layer)
+            if self.fused[i] is None or self.fused[i].stamp != _stamp(attn + mlp + bias):
                 self.fused[i] = _Fused(self._prepare(torch.cat(attn[:3])), self._prepare(attn[3]),
-                                       stamp=_stamp(attn + mlp), **self.block.build(self, mlp))
+                                       stamp=_stamp(attn + mlp + bias), **self.block.build(self, mlp),
+                                       bqkv=torch.cat(bias).detach().clone() if bias else None)
                 rebuilt += 1
             adapters = lora_decode.adapter_tensors(layer, self.block.lora_mlp)
             if _stamp(adapters) != self.adapter_stamps[i]:  # a LoRA sync: only these copies, never the base's
@@ -169,17 +180,25 @@ class FusedDecoder:
         return self.linear(self.norm(norm, x), w)
 
     def qkv_proj(self, i: int, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden (N, D) -> the fused q, k, v projection (N, (H + 2 KVH) * Dh) of the normed hidden, no RoPE; for
-        OLMoE with its QK-norm applied. NOTE: the runner's native path feeds this straight to the C RoPE + KV write
-        (model_runner.forward), so everything before RoPE must happen here, not in `qkv`."""
+        """hidden (N, D) -> the fused q, k, v projection (N, (H + 2 KVH) * Dh) of the normed hidden, no RoPE; with
+        the biases added (Qwen 2) and the QK-norm applied (OLMoE: over the full q and k; Qwen 3: per head). NOTE:
+        the runner's native path feeds this straight to the C RoPE + KV write (model_runner.forward), so everything
+        before RoPE must happen here, not in `qkv`."""
         norm = self.layers[i].input_layernorm
         out = self.normed_linear(norm, hidden, self.fused[i].wqkv)
+        if self.fused[i].bqkv is not None:  # as nn.Linear: the bias joins the product, before any adapter
+            out += self.fused[i].bqkv
         if self.adapters[i]:  # before the QK-norm: the adapter is part of the projection
             out = lora_decode.add(self, self.adapters[i]["qkv"], hidden, out, norm=norm)
-        if self.block.qk_norm:  # OLMoE: RMSNorm over the full q and k projections, before RoPE
-            a = self.layers[i].self_attn
+        if self.qk_norm is not None:
+            a, n = self.layers[i].self_attn, hidden.shape[0]
             q, k, v = out.split((self.q_dim, self.kv_dim, self.kv_dim), dim=1)
-            out = torch.cat([self.norm(a.q_norm, q), self.norm(a.k_norm, k), v], dim=1)
+            if self.qk_norm == "head":  # Qwen 3: each head's q and k over its head_dim
+                q = self.norm(a.q_norm, q.view(n, -1, self.head_dim)).view(n, -1)
+                k = self.norm(a.k_norm, k.view(n, -1, self.head_dim)).view(n, -1)
+            else:  # OLMoE: RMSNorm over the full q and k projections
+                q, k = self.norm(a.q_norm, q), self.norm(a.k_norm, k)
+            out = torch.cat([q, k, v], dim=1)
         return out
 
     def qkv(self, i: int, hidden: torch.Tensor, rope) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -32,7 +32,6 @@ class SparseMlp:
       kernel where it builds (CPU), else by F.linear (CUDA: outside the guarantee, as any unprobed product is).
     Values equal the model's forward up to the kernels' rounding, as for the dense path."""
 
-    qk_norm = True
     lora_mlp = False  # the experts are stacked 3-D weights, not nn.Linear (align.lora.adapters refuses them as targets)
 
     @staticmethod

@@ -53,7 +53,15 @@ class OlmoeFormat(WeightFormat):
     family = FAMILIES["olmoe"]
 
 
+class FamilyFormat(WeightFormat):
+    """Any other registered family (Llama, Qwen 2, Qwen 3): its layouts are the family's own functions."""
+
+    def __init__(self, family: Family):
+        self.family = family
+
+
 FORMATS: dict[str, WeightFormat] = {f.family.name: f for f in (DenseFormat(), OlmoeFormat())}
+FORMATS.update({name: FamilyFormat(family) for name, family in FAMILIES.items() if name not in FORMATS})
 
 
 def weight_format_for(model) -> WeightFormat:

@@ -6,7 +6,8 @@ Byte-level BPE keeps every byte of the (normalized) text, so a token's offsets f
 token holding part of a multi-byte character covers that whole character, as in tokenizers, where every byte
 symbol is aligned to the character it came from. Supported: no normalizer, or a Unicode normal form (the
 alignment of a changed character follows tokenizers: a composed character takes the first original character's
-place, an inserted one its predecessor's); pre-tokenizers that keep every byte (Split without `Removed`, ByteLevel
+place and the characters after it keep theirs, an inserted one takes its predecessor's; replayed per character
+and checked against unicodedata); pre-tokenizers that keep every byte (Split without `Removed`, ByteLevel
 without `add_prefix_space`); the ByteLevel post-processor's `trim_offsets`. Anything else is refused by name.
 """
 
@@ -83,28 +84,67 @@ def _trim_setting(spec: dict | None) -> bool | None:
 
 
 def _unicode_form_aligner(form: str) -> Aligner:
-    """Cut the text where normalization cannot reach across (a character that normalizes alone and does not
-    combine with what precedes it), normalize each chunk, and align inside a chunk as tokenizers does."""
-    normalize = unicodedata.normalize
+    """Normalization replayed character by character to learn how many original characters each output character
+    consumes (a decomposition's extra characters consume none, a composite what it absorbed; the counts travel
+    with the characters through canonical reordering), then placed as tokenizers' `transform_range` places them.
+    Checked against `unicodedata` at the end."""
+    decompose_form = "NFKD" if form in ("NFKC", "NFKD") else "NFD"
+    compose = form in ("NFC", "NFKC")
 
     def align(original: str, normalized: str) -> list[int]:
+        stream: list[list] = []  # [character, consumed original characters]
+        for ch in original:
+            for k, d in enumerate(unicodedata.normalize(decompose_form, ch)):
+                stream.append([d, 1 if k == 0 else 0])
+        _reorder(stream)
+        if compose:
+            stream = _compose(stream)
+        if "".join(c for c, _ in stream) != normalized:
+            raise NotImplementedError(f"{form} offsets: replaying the normalization does not reproduce the text")
         out: list[int] = []
-        start = 0
-        for end in range(1, len(original) + 1):
-            if end < len(original):
-                c = original[end]
-                chunk = original[start:end]
-                if unicodedata.combining(c) or normalize(form, chunk + c) != normalize(form, chunk) + normalize(form, c):
-                    continue
-            piece = normalize(form, original[start:end])
-            width = end - start
-            out.extend(start + min(j, width - 1) for j in range(len(piece)))
-            start = end
-        if len(out) != len(normalized):
-            raise NotImplementedError(f"{form} offsets: chunked normalization does not reproduce the text")
+        at = 0
+        for _, consumed in stream:
+            # tokenizers' transform_range: an inserted character takes the original character before the current
+            # position, whatever came out last
+            out.append(at if consumed else max(at - 1, 0))
+            at += consumed
         return out
 
     return align
+
+
+def _reorder(stream: list[list]) -> None:
+    """Canonical ordering: a run of non-starters sorted by combining class (stable)."""
+    i = 0
+    while i < len(stream):
+        if not unicodedata.combining(stream[i][0]):
+            i += 1
+            continue
+        j = i
+        while j < len(stream) and unicodedata.combining(stream[j][0]):
+            j += 1
+        stream[i:j] = sorted(stream[i:j], key=lambda item: unicodedata.combining(item[0]))
+        i = j
+
+
+def _compose(stream: list[list]) -> list[list]:
+    """Canonical composition (UAX #15): a character joins the last starter unless blocked."""
+    out: list[list] = []
+    starter = -1
+    for ch, consumed in stream:
+        ccc = unicodedata.combining(ch)
+        if starter >= 0:
+            last_ccc = unicodedata.combining(out[-1][0]) if len(out) - 1 > starter else None
+            blocked = last_ccc is not None and (last_ccc == 0 or last_ccc >= ccc)
+            if not blocked:
+                pair = unicodedata.normalize("NFC", out[starter][0] + ch)
+                if len(pair) == 1:
+                    out[starter] = [pair, out[starter][1] + consumed]
+                    continue
+        if ccc == 0:
+            starter = len(out)
+        out.append([ch, consumed])
+    return out
 
 
 def byte_char_index(text: str) -> list[int]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Literal
+from typing import Iterator, Literal, Protocol
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -146,8 +146,16 @@ def _column_of(plan: dict[str, str], field_path: str) -> str:
     return plan.get(base, base) + field_path[len(base):]
 
 
+class Screen(Protocol):
+    """A check every record passes before it is written (align.data.decontam: the evaluation sets' n-grams)."""
+
+    def keep(self, row: int, record) -> bool: ...  # False: leave the record out (counted by the screen)
+
+    def report(self) -> dict: ...  # the manifest's `decontam`
+
+
 def _write_records(name: str, src: SourceConfig, reader: ParquetRows | JsonlRows, plan: dict[str, str],
-                   target: Path) -> IngestStats:
+                   target: Path, screen: Screen | None = None) -> IngestStats:
     stats, seen, buffer = IngestStats(), set(), []
     schema = NORMALISED[src.kind]
     with pq.ParquetWriter(str(target), schema, **WRITE_OPTIONS) as writer:
@@ -171,6 +179,8 @@ def _write_records(name: str, src: SourceConfig, reader: ParquetRows | JsonlRows
                     stats.duplicates += 1
                     continue
                 seen.add(digest)
+                if screen is not None and not screen.keep(index, record):
+                    continue
                 buffer.append(to_row(record))
                 stats.rows_out += 1
             if len(buffer) >= src.batch_rows:
@@ -208,19 +218,22 @@ def _agreement(src: SourceConfig, records: Path) -> dict:
     return {"outcome_agreement": outcome_agreement(iter_records(records, "steps"), src.verify)}
 
 
-def ingest_source(name: str, src: SourceConfig, out_dir: str | Path, base_dir: str | Path = ".") -> dict:
-    """Ingest one source into `out_dir` (published atomically). Returns the manifest."""
+def ingest_source(name: str, src: SourceConfig, out_dir: str | Path, base_dir: str | Path = ".",
+                  screen: Screen | None = None) -> dict:
+    """Ingest one source into `out_dir` (published atomically). Returns the manifest; with a `screen` (the
+    stage's decontamination) its report is the manifest's `decontam`."""
     reader = open_rows(src.path, src.url, src.file_type, src.http, Path(base_dir))
     plan = column_plan(src, reader)
     staging = staging_dir(out_dir)
     try:
-        stats = _write_records(name, src, reader, plan, staging / RECORDS)
+        stats = _write_records(name, src, reader, plan, staging / RECORDS, screen)
         _reject_ceiling(stats, src, reader.label)
         inputs = {src.location: _input_hash(src, reader, stats)}
         manifest = write_manifest(staging, MANIFEST_KIND, inputs=inputs, extra={
             "source": name, "record_kind": src.kind, "format": src.format, "rows_in": stats.rows_in,
             "rows_out": stats.rows_out, "rows_empty": stats.rows_empty, "duplicates": stats.duplicates,
-            "rejected": stats.rejected, "rejections": stats.rejections, **_agreement(src, staging / RECORDS)})
+            "rejected": stats.rejected, "rejections": stats.rejections, **_agreement(src, staging / RECORDS),
+            **({} if screen is None else {"decontam": screen.report()})})
         publish_dir(staging, out_dir)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)  # nothing half-written survives a failure

@@ -3,7 +3,8 @@
     python -m align.stages.ingest --config configs/tiny/ingest.toml source=math_sft
 
 Publishes `<run_dir>/out/` (records.parquet + manifest.json, kind "records") and `<run_dir>/metrics.json` (row
-counts). Source paths are relative to the project root ($ALIGN_ROOT, else the working directory)."""
+counts, the decontamination's counts). Every source is checked against the evaluation sets of `[decontam]`
+(align.data.decontam: registered sets, held-out sources; matches flagged or dropped, reported in the manifest). Source paths are relative to the project root ($ALIGN_ROOT, else the working directory)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from align.config import load_cli_config, run_dir_from_env, write_resolved_config
+from align.data.decontam import DecontamConfig, load_references
 from align.data.ingest_parquet import SourceConfig, ingest_source
 from align.exceptions import ConfigError
 from align.exit_codes import exit_stage
@@ -24,6 +26,7 @@ METRIC_KEYS = ("rows_in", "rows_out", "duplicates", "rejected")
 class IngestStageConfig:
     sources: dict[str, SourceConfig] = field(default_factory=dict)  # name -> source; `ingest:<name>` per entry
     source: str = ""  # the one this run ingests (the pipeline passes `source=<name>`)
+    decontam: DecontamConfig = field(default_factory=DecontamConfig)  # n-gram check against the evaluation sets
 
 
 def main() -> int:
@@ -34,8 +37,16 @@ def main() -> int:
     run_dir = run_dir_from_env(Path("runs/tiny/ingest") / cfg.source)
     write_resolved_config(cfg, run_dir)
     root = Path(os.environ.get("ALIGN_ROOT", "."))
-    manifest = ingest_source(cfg.source, cfg.sources[cfg.source], run_dir / "out", base_dir=root)
+    references = load_references(cfg.decontam, cfg.sources, root)
+    screen = references.screen(cfg.source, cfg.sources[cfg.source])
+    manifest = ingest_source(cfg.source, cfg.sources[cfg.source], run_dir / "out", base_dir=root, screen=screen)
     metrics = {k: manifest[k] for k in METRIC_KEYS}
+    decontam = manifest["decontam"]
+    metrics["decontam"] = {k: decontam[k] for k in ("n", "threshold", "action", "references", "checked", "matched",
+                                                    "dropped") + (("skipped",) if "skipped" in decontam else ())}
+    print(f"ingest:{cfg.source}: " + (decontam["skipped"] if "skipped" in decontam else
+          f"{decontam['matched']} of {decontam['checked']} records match an evaluation item "
+          f"({cfg.decontam.n}-grams, overlap >= {cfg.decontam.threshold}; {decontam['dropped']} dropped)"))
     if "outcome_agreement" in manifest:  # step-labelled data: the verifier against the dataset's own verdicts
         metrics["outcome_agreement"] = {k: v for k, v in manifest["outcome_agreement"].items() if k != "disagreements"}
         agreement = manifest["outcome_agreement"]

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from align.config import read_toml
+from align.data.decontam import DecontamConfig
+from align.data.evalsets import EVALSETS, get_evalset
 from align.exceptions import ConfigError
 from pipeline.layout import Layout, StageCtx
 from pipeline.stage import StageSpec
@@ -41,8 +43,26 @@ def inloop_manifests(layout: Layout, config: str) -> list[Path]:
 
 
 def _source_path(ctx: StageCtx) -> list[Path]:
-    source = stage_table(ctx.layout, "ingest.toml", "sources").get(ctx.variant, {})
-    return [ctx.layout.root / source["path"]] if isinstance(source, dict) and "path" in source else []
+    sources = stage_table(ctx.layout, "ingest.toml", "sources")
+    source = sources.get(ctx.variant, {})
+    own = [ctx.layout.root / source["path"]] if isinstance(source, dict) and "path" in source else []
+    return own + [p for p in _reference_paths(ctx.layout, sources) if p not in own]
+
+
+def _reference_paths(layout: Layout, sources: dict) -> list[Path]:
+    """The local files of the evaluation sets every source is checked against (align.data.decontam): a changed
+    eval set re-runs the check."""
+    table = stage_table(layout, "ingest.toml", "decontam")
+    evalsets, heldout = table.get("evalsets", DecontamConfig.evalsets), table.get("heldout", ())
+    paths = []
+    for name in evalsets if isinstance(evalsets, (list, tuple)) else ():
+        if name in EVALSETS and get_evalset(name).source.path:
+            paths.append(layout.root / get_evalset(name).source.path)
+    for name in heldout if isinstance(heldout, (list, tuple)) else ():
+        entry = sources.get(name)
+        if isinstance(entry, dict) and isinstance(entry.get("path"), str):
+            paths.append(layout.root / entry["path"])
+    return sorted(set(paths))
 
 
 STAGE = StageSpec(

@@ -31,7 +31,7 @@ def _project(tmp: Path) -> Path:
     for package in ("align", "pipeline"):
         (tmp / package).symlink_to(REPO / package)
     for rel in ("configs/smoke/common.toml", "configs/smoke/ingest.toml", "configs/smoke/shards.toml",
-                "data/raw/math_sft.parquet"):
+                "data/raw/math_sft.parquet", "data/raw/math_eval.parquet"):  # eval: the decontamination reference
         (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(REPO / rel, tmp / rel)
     # a tokenizer directory of the project's own (relative to its root), so the test may change it

@@ -76,7 +76,8 @@ def _project(tmp: Path) -> Path:
     for package in ("align", "pipeline"):
         (tmp / package).symlink_to(REPO / package)
     for rel in ("configs/smoke/common.toml", "configs/smoke/ingest.toml", "configs/smoke/shards.toml",
-                "configs/smoke/sft.toml", "data/raw/math_sft.parquet"):
+                "configs/smoke/sft.toml", "data/raw/math_sft.parquet",
+                "data/raw/math_eval.parquet"):  # the eval set every ingest is checked against (align.data.decontam)
         (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(REPO / rel, tmp / rel)
     ingest = tmp / "configs" / "smoke" / "ingest.toml"

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # Highest first. A module may import its own layer or any layer below it. The first matching prefix wins.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("pipeline",),
-    ("align.stages",),
+    ("align.stages", "align.plan"),
     ("align.rl",),
     ("align.eval", "align.rollout", "align.reward", "align.lora", "align.lora.stage"),
     ("align.train", "align.inference", "align.lora.decode", "align.lora.checkpoint"),

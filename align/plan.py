@@ -1,0 +1,352 @@
+"""The memory plan of a profile's GPU run: per-rank bytes before anything is launched.
+
+    python -m align.plan --profile mistral7b --gpus 4 --gpu-mem 80 [--optimizer NAME] [--host-mem GiB] [--json]
+
+Reads the profile's stage configs (`configs/<profile>/sft.toml`, and `grpo.toml` when the profile has one) and the
+architecture: the config.json of sft.toml's `[model].base` when that snapshot is on this host, else
+`configs/<profile>/plan.toml`'s `[model]` (the base checkpoint's config.json values), else sft.toml's `[model.init]`
+(a from-scratch profile). Parameter shapes come from the model built on the meta device (no memory), so every tensor
+of the real model is counted, with FSDP2's per-rank shard of dim 0 (rank 0's, the largest: ceil(rows / N)).
+
+Terms, per rank (b = bytes of the parameter dtype, c = of the compute dtype, N tokens of a micro-batch, D hidden, I
+intermediate, H / K query / key-value heads of Dh, L layers, V vocabulary; the tensors the code holds, by name):
+  weights, gradients     sum of the local shards x b (FSDP2 reduces gradients into the shard, in the param dtype);
+                         without `sync_every_micro_batch` a window of several micro-batches also holds the unsharded
+                         gradients (every parameter x c) until its last micro-batch
+  optimizer state        adamw: exp_avg + exp_avg_sq in the parameter dtype (2 b per element) on the device, one fp32
+                         `step` per tensor on the host; adamw8bit: uint8 moments + fp32 absmax per 2048 (2 B + 8 B /
+                         2048 per element; tensors under min_8bit_numel keep fp32 moments, 8 B) on the device;
+                         offload_adamw: nothing on the device, fp32 master + moments (12 B per element) + a step per
+                         tensor + two staging slots of chunk_numel (gradient + parameter dtype) and one fp32 chunk on
+                         the host (align.train.offload_adamw)
+  activations            saved for backward per decoder block (the torch path of align.model.mistral, measured with
+                         saved-tensor hooks in tests/train/test_plan.py):
+                           A = N (8 D + 8 + 4 c D + 2 c H Dh + 2 c K Dh + 4 H + 4 c I)
+                         (two RMSNorms: fp32 input copy, rsqrt, normed + scaled outputs; q after RoPE, k, v, the
+                         attention output and its fp32 log-sum-exp; gate, silu, up and their product); plus once the
+                         input ids (8 N) and the RoPE tables (2 c N Dh). Without checkpointing: L A. With activation
+                         checkpointing: L c N D (each block's input) stored, plus one block recomputed in backward (A).
+                         Causal attention without a mask tensor (full or packed rows) is assumed; a padded batch's
+                         mask adds B T^2 c per block.
+  head                   the fused linear cross-entropy (align.kernels.fused_ce) saves the final norm's tensors
+                         (4 N D + 4 N + c N D), the label rows' index and gradient (N (8 + c D)) and the fp32 weight
+                         gradient (4 V D); while it runs it also holds the [chunk, V] fp32 logits workspace, one
+                         [chunk, V] gradient in c and one V x D product in c and fp32
+  fsdp buffers           two gathered decoder blocks in c (the current one and the prefetched one), the root's
+                         gathered embedding / head / final norm in c, and one block's unsharded gradient in the reduce
+                         dtype (estimates from FSDP2's buffers, not measured here: no GPU)
+  engine (GRPO)          the sampler's full copy of the weights in engine_dtype and its KV cache:
+                         min(max_num_seqs x ceil(max_model_len / block_size), kv_cache_max_mb / per-block) blocks of
+                         2 L block_size K Dh bytes (align.inference.Engine's own sizing)
+
+A stage fits when its device total is at most gpu_mem x (1 - headroom) (the headroom, default 10%, covers the CUDA
+context, NCCL buffers, allocator fragmentation and backward's transient gradients of one block) and, with
+`--host-mem`, the host bytes of all ranks of the node fit in it. A plan that does not fit is refused: one line on
+stderr, exit 83 (PreflightRefused), as the launcher's preflight refuses a host that cannot hold the run."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from align.config import ConfigError, load_config, read_toml
+from align.exceptions import PreflightRefused
+from align.exit_codes import run_with_exit_codes
+from align.inference.config import EngineConfig
+from align.model import MistralConfig, MistralForCausalLM
+from align.model.checkpoint import DTYPES
+from align.model.config_io import load_hf_config
+from align.rl.stage_config import GrpoStageConfig
+from align.stages.sft import SftStageConfig
+from align.train.offload_adamw import DEFAULT_CHUNK_NUMEL, VECTOR_ALIGN
+from align.train.parallel import ParallelConfig
+from align.train.quant8 import BLOCK
+
+GIB = 2 ** 30
+OPTIMIZERS = ("adamw", "adamw8bit", "offload_adamw")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class PlanConfig:
+    """configs/<profile>/plan.toml: the architecture of the base checkpoint when its snapshot is not on this host."""
+
+    model: MistralConfig
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One training stage's shape on the GPUs: what the plan needs from its configs."""
+
+    stage: str
+    model: MistralConfig
+    param_dtype: str  # the parameters' own dtype ([model] dtype)
+    parallel: ParallelConfig
+    tokens: int  # tokens of one micro-batch (the bound the loader enforces)
+    grad_accum: int
+    head_chunk: int  # rows of the fused head's logits chunk
+    min_8bit_numel: int = 4096
+    engine: EngineConfig | None = None  # a sampler beside the trainer (GRPO)
+    engine_dtype: str = "bfloat16"
+
+    def sharded(self, gpus: int) -> bool:
+        """FSDP2 (strategy "fsdp", or "auto" on several ranks); DDP and one process replicate every tensor."""
+        try:
+            return self.parallel.resolved_strategy(gpus) == "fsdp"
+        except ValueError as exc:
+            raise ConfigError(f"{self.stage}: {exc}") from exc
+
+    def compute_dtype(self, gpus: int) -> str:
+        """FSDP2's mixed-precision policy gathers parameters in parallel.param_dtype; otherwise they compute as held."""
+        return self.parallel.param_dtype if self.sharded(gpus) else self.param_dtype
+
+
+@dataclass
+class Plan:
+    """Per-rank bytes of one workload on `gpus` ranks, for every optimizer."""
+
+    workload: Workload
+    gpus: int
+    compute_dtype: str
+    terms: dict[str, int] = field(default_factory=dict)  # device bytes independent of the optimizer
+    optimizer_device: dict[str, int] = field(default_factory=dict)
+    optimizer_host: dict[str, int] = field(default_factory=dict)
+
+    def device_total(self, optimizer: str) -> int:
+        ac = self.workload.parallel.activation_checkpointing
+        skip = "activations_no_ac" if ac else "activations_ac"
+        return sum(v for k, v in self.terms.items() if k != skip) + self.optimizer_device[optimizer]
+
+
+def _bytes(dtype: str) -> int:
+    return DTYPES[dtype].itemsize
+
+
+def param_shapes(cfg: MistralConfig) -> list[tuple[int, ...]]:
+    """Every trainable tensor's shape (a tied head counted once), from the model built on the meta device."""
+    with torch.device("meta"):
+        model = MistralForCausalLM(cfg)
+    return [tuple(p.shape) for p in model.parameters()]
+
+
+def shard_numel(shape: tuple[int, ...], gpus: int) -> int:
+    """Elements of rank 0's FSDP2 shard (dim 0 split in ceil(rows / N) rows; one rank: the whole tensor)."""
+    rows = -(-shape[0] // gpus)
+    return rows * math.prod(shape[1:])
+
+
+def block_numel(cfg: MistralConfig) -> int:
+    d, kv = cfg.hidden_size, cfg.num_key_value_heads * cfg.head_dim
+    q = cfg.num_attention_heads * cfg.head_dim
+    return d * q + 2 * d * kv + q * d + 3 * d * cfg.intermediate_size + 2 * d
+
+
+def optimizer_bytes(name: str, shards: list[int], param_dtype: str, *, min_8bit_numel: int = 4096,
+                    separate_host: bool = True, chunk_numel: int = DEFAULT_CHUNK_NUMEL) -> tuple[int, int]:
+    """(device, host) bytes of optimizer `name`'s state over these local shards. `separate_host`: the device is a
+    GPU (offload_adamw's staging slots exist only then; on a CPU the step reads and writes the tensors in place)."""
+    b = _bytes(param_dtype)
+    if name == "adamw":
+        return 2 * b * sum(shards), 4 * len(shards)
+    if name == "adamw8bit":
+        return sum(2 * n + 8 * -(-n // BLOCK) if n >= min_8bit_numel else 8 * n for n in shards), 0
+    if name == "offload_adamw":
+        host = 12 * sum(shards) + 4 * len(shards)
+        if separate_host:
+            chunk = -(-min(chunk_numel, max(shards)) // VECTOR_ALIGN) * VECTOR_ALIGN
+            host += 2 * chunk * (b + b) + (4 * chunk if b != 4 else 0)
+        return 0, host
+    raise ConfigError(f"align.plan: no memory model for optimizer {name!r}; known: {', '.join(OPTIMIZERS)}")
+
+
+def block_activation_bytes(cfg: MistralConfig, tokens: int, compute_dtype: str) -> int:
+    """Bytes one decoder block saves for backward (the formula `A` of the module docstring)."""
+    c, n, d = _bytes(compute_dtype), tokens, cfg.hidden_size
+    h, k, dh, i = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.intermediate_size
+    return n * (8 * d + 8 + 4 * c * d + 2 * c * h * dh + 2 * c * k * dh + 4 * h + 4 * c * i)
+
+
+def saved_activation_bytes(cfg: MistralConfig, tokens: int, compute_dtype: str, checkpointing: bool,
+                           label_tokens: int | None = None, row_len: int | None = None) -> int:
+    """Bytes saved for backward at the end of the forward: the trunk, input ids, RoPE tables and the fused head.
+    Worst cases by default: every token labelled, one row (the RoPE tables are per position of a row)."""
+    c, n, d, v = _bytes(compute_dtype), tokens, cfg.hidden_size, cfg.vocab_size
+    labels = n if label_tokens is None else label_tokens
+    per_block = c * n * d if checkpointing else block_activation_bytes(cfg, n, compute_dtype)
+    once = 8 * n + 2 * c * (n if row_len is None else row_len) * cfg.head_dim
+    head = 4 * n * d + 4 * n + c * n * d + labels * (8 + c * d) + 4 * v * d
+    return cfg.num_hidden_layers * per_block + once + head
+
+
+def head_transient_bytes(cfg: MistralConfig, chunk: int, compute_dtype: str) -> int:
+    c, v, d = _bytes(compute_dtype), cfg.vocab_size, cfg.hidden_size
+    return 4 * chunk * v + c * chunk * v + (c + 4) * v * d
+
+
+def kv_cache_bytes(cfg: MistralConfig, engine: EngineConfig, dtype: str) -> int:
+    per_block = 2 * cfg.num_hidden_layers * engine.block_size * cfg.num_key_value_heads * cfg.head_dim * _bytes(dtype)
+    if engine.num_blocks is not None:
+        return engine.num_blocks * per_block
+    max_len = engine.max_model_len or cfg.max_position_embeddings
+    wanted = engine.max_num_seqs * -(-max_len // engine.block_size)
+    return max(1, min(wanted, engine.kv_cache_max_mb * 2 ** 20 // per_block)) * per_block
+
+
+def plan(w: Workload, gpus: int, *, separate_host: bool = True) -> Plan:
+    """Per-rank bytes of `w` on `gpus` ranks (FSDP2 when gpus > 1, as strategy "auto" / "fsdp" resolves)."""
+    cfg = w.model
+    shapes = param_shapes(cfg)
+    fsdp = w.sharded(gpus)
+    shards = [shard_numel(s, gpus if fsdp else 1) for s in shapes]
+    cdt = w.compute_dtype(gpus)
+    b, c = _bytes(w.param_dtype), _bytes(cdt)
+    out = Plan(w, gpus, cdt)
+    local = sum(shards)
+    out.terms["weights"] = b * local
+    out.terms["gradients"] = b * local
+    if fsdp and not w.parallel.sync_every_micro_batch and w.grad_accum > 1 and gpus > 1:
+        out.terms["unsharded_gradients"] = c * sum(math.prod(s) for s in shapes)
+    out.terms["activations_ac"] = (saved_activation_bytes(cfg, w.tokens, cdt, True)
+                                   + block_activation_bytes(cfg, w.tokens, cdt))
+    out.terms["activations_no_ac"] = saved_activation_bytes(cfg, w.tokens, cdt, False)
+    out.terms["head_transient"] = head_transient_bytes(cfg, min(w.head_chunk, w.tokens), cdt)
+    if fsdp:
+        root = sum(math.prod(s) for s in shapes) - cfg.num_hidden_layers * block_numel(cfg)
+        reduce = _bytes(w.parallel.reduce_dtype)
+        out.terms["fsdp_buffers"] = 2 * c * block_numel(cfg) + c * root + reduce * block_numel(cfg)
+    if w.engine is not None:
+        out.terms["engine_weights"] = _bytes(w.engine_dtype) * sum(math.prod(s) for s in shapes)
+        out.terms["engine_kv_cache"] = kv_cache_bytes(cfg, w.engine, w.engine_dtype)
+    for name in OPTIMIZERS:
+        dev, host = optimizer_bytes(name, shards, w.param_dtype, min_8bit_numel=w.min_8bit_numel,
+                                    separate_host=separate_host)
+        out.optimizer_device[name], out.optimizer_host[name] = dev, host
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ profile configs
+def _architecture(profile_dir: Path, sft: SftStageConfig) -> MistralConfig:
+    if sft.model.moe is not None:
+        raise ConfigError(f"{profile_dir / 'sft.toml'}: [model.moe] is set; align.plan models dense Mistral only")
+    if sft.model.base and (Path(sft.model.base) / "config.json").exists():
+        cfg = load_hf_config(sft.model.base)
+        if not isinstance(cfg, MistralConfig):
+            raise ConfigError(f"{sft.model.base}/config.json: not a Mistral config; align.plan models Mistral only")
+        return cfg
+    plan_file = profile_dir / "plan.toml"
+    if plan_file.exists():
+        return load_config(plan_file, PlanConfig).model
+    if sft.model.base:
+        raise ConfigError(f"{profile_dir / 'sft.toml'}: [model] base {sft.model.base!r} is not on this host and "
+                          f"{plan_file} does not give its architecture")
+    return sft.model.init
+
+
+def _micro_tokens(loader, max_len: int) -> int:
+    if loader.packing != "none":
+        return loader.micro_batch_size * loader.seq_len
+    return loader.max_tokens if loader.max_tokens is not None else loader.micro_batch_size * max_len
+
+
+def workloads(profile: str, root: Path = ROOT) -> list[Workload]:
+    """The profile's SFT workload, and its GRPO one (trainer + sampler on the same GPUs) when it has grpo.toml."""
+    pdir = root / "configs" / profile
+    if not (pdir / "sft.toml").exists():
+        raise ConfigError(f"{pdir / 'sft.toml'}: no such file (profile {profile!r} has no SFT stage to plan)")
+    sft = load_config(pdir / "sft.toml", SftStageConfig)
+    arch = _architecture(pdir, sft)
+    out = [Workload("sft", arch, sft.model.dtype, sft.parallel, _micro_tokens(sft.loader, arch.max_position_embeddings),
+                    sft.loader.grad_accum, sft.loss.chunk_size, sft.optimizer.min_8bit_numel)]
+    if (pdir / "grpo.toml").exists():
+        grpo = load_config(pdir / "grpo.toml", GrpoStageConfig)
+        eng = grpo.rollout.engine
+        max_len = eng.max_model_len or arch.max_position_embeddings
+        out.append(Workload("grpo", arch, grpo.data.model_dtype, grpo.parallel,
+                            grpo.shape.micro_batch_size * max_len, 1, grpo.loss.chunk_size,
+                            grpo.optimizer.min_8bit_numel, eng, grpo.data.engine_dtype))
+    return out
+
+
+def configured_optimizer(profile: str, root: Path = ROOT) -> str:
+    return str(read_toml(root / "configs" / profile / "sft.toml").get("optimizer", {}).get("name", "adamw"))
+
+
+# ------------------------------------------------------------------------------------------------ report
+def _gib(n: int) -> str:
+    return f"{n / GIB:8.2f}"
+
+
+def table(plans: list[Plan], usable: int) -> str:
+    lines = []
+    for p in plans:
+        w = p.workload
+        lines.append(f"[{w.stage}] {p.gpus} rank(s), {w.tokens} tokens per micro-batch, params {w.param_dtype}, "
+                     f"compute {p.compute_dtype}, activation checkpointing "
+                     f"{'on' if w.parallel.activation_checkpointing else 'off'}   (GiB per rank)")
+        for k, v in p.terms.items():
+            lines.append(f"  {k:<22}{_gib(v)}")
+        lines.append("  " + " " * 22 + "".join(f"{n:>15}" for n in OPTIMIZERS))
+        lines.append(f"  {'optimizer (device)':<22}" + "".join(f"{_gib(p.optimizer_device[n]):>15}" for n in OPTIMIZERS))
+        lines.append(f"  {'optimizer (host)':<22}" + "".join(f"{_gib(p.optimizer_host[n]):>15}" for n in OPTIMIZERS))
+        lines.append(f"  {'device total':<22}" + "".join(f"{_gib(p.device_total(n)):>15}" for n in OPTIMIZERS))
+        lines.append(f"  {'fits ' + _gib(usable).strip() + ' GiB':<22}"
+                     + "".join(f"{'yes' if p.device_total(n) <= usable else 'NO':>15}" for n in OPTIMIZERS))
+    return "\n".join(lines)
+
+
+def verdict(plans: list[Plan], optimizer: str, usable: int, host_mem: int | None, profile: str, gpu_mem: float) -> str | None:
+    """Why the plan does not fit with `optimizer`, or None."""
+    for p in plans:
+        need = p.device_total(optimizer)
+        if need > usable:
+            return (f"{profile} on {p.gpus} x {gpu_mem:g} GiB with {optimizer}: {p.workload.stage} needs "
+                    f"{need / GIB:.1f} GiB per GPU, {usable / GIB:.1f} GiB usable")
+        host = p.optimizer_host[optimizer] * p.gpus
+        if host_mem is not None and host > host_mem:
+            return (f"{profile} on {p.gpus} GPUs with {optimizer}: {p.workload.stage} needs {host / GIB:.1f} GiB of "
+                    f"host memory for the optimizer, {host_mem / GIB:.1f} GiB given")
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m align.plan", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--profile", required=True)
+    ap.add_argument("--gpus", type=int, required=True, help="ranks (GPUs) the stages are sharded over")
+    ap.add_argument("--gpu-mem", type=float, required=True, help="memory per GPU in GiB")
+    ap.add_argument("--optimizer", choices=OPTIMIZERS, help="the one the verdict is for (default: sft.toml's)")
+    ap.add_argument("--host-mem", type=float, help="host memory of the node in GiB (checks offload_adamw's state)")
+    ap.add_argument("--headroom", type=float, default=0.10, help="share of GPU memory kept free (default 0.10)")
+    ap.add_argument("--json", action="store_true", help="one JSON object instead of the table")
+    args = ap.parse_args(argv)
+    if args.gpus < 1 or args.gpu_mem <= 0 or not 0 <= args.headroom < 1:
+        raise ConfigError(f"align.plan: --gpus >= 1, --gpu-mem > 0 and 0 <= --headroom < 1 (got {args.gpus}, "
+                          f"{args.gpu_mem}, {args.headroom})")
+    plans = [plan(w, args.gpus) for w in workloads(args.profile)]
+    optimizer = args.optimizer or configured_optimizer(args.profile)
+    usable = int(args.gpu_mem * GIB * (1 - args.headroom))
+    host_mem = int(args.host_mem * GIB) if args.host_mem is not None else None
+    if args.json:
+        print(json.dumps({"profile": args.profile, "gpus": args.gpus, "gpu_mem_gib": args.gpu_mem,
+                          "usable_bytes": usable, "optimizer": optimizer, "stages": [
+                              {"stage": p.workload.stage, "terms": p.terms, "optimizer_device": p.optimizer_device,
+                               "optimizer_host": p.optimizer_host,
+                               "device_total": {n: p.device_total(n) for n in OPTIMIZERS}} for p in plans]},
+                         sort_keys=True))
+    else:
+        print(table(plans, usable))
+    why = verdict(plans, optimizer, usable, host_mem, args.profile, args.gpu_mem)
+    if why is not None:
+        raise PreflightRefused(f"plan does not fit: {why}")
+    if not args.json:
+        print(f"plan fits: {args.profile} on {args.gpus} x {args.gpu_mem:g} GiB with {optimizer}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_with_exit_codes(main))

@@ -53,9 +53,12 @@ def _rounded_gold_match(gold: Scalar, pred: Scalar, cfg: VerifyConfig) -> bool:
         scaled = q * 10**places
         return abs(scaled - target) < Fraction(1, 2)  # never exactly 1/2 away: pred does not terminate there
     value = pred.approx()
-    if value is None or abs(value) * 10**places > 2**50:
+    if value is None:
         return False
-    return abs(value * 10**places - float(target)) < 0.5
+    if abs(value) * 10**places <= 2**50:
+        return abs(value * 10**places - float(target)) < 0.5
+    exact = A.decimal_value(pred, len(lit) + 5)  # more places than a double holds: exact decimals
+    return exact is not None and abs(exact.scaleb(places) - Decimal(int(target))) < Decimal("0.5")
 
 
 def _decimal_prediction_match(gold: Scalar, pred: Scalar, cfg: VerifyConfig) -> bool:

@@ -42,6 +42,34 @@ def as_scalar(v: Value) -> Scalar:
     raise Unsupported(f"arithmetic on {type(v).__name__}")
 
 
+def matrix_add(a: Matrix, b: Matrix, sign: int, lim: Budget) -> Matrix:
+    if len(a.rows) != len(b.rows) or len(a.rows[0]) != len(b.rows[0]):
+        raise Unsupported("matrices of different shapes")
+    return Matrix(tuple(tuple(A.add(as_scalar(x), as_scalar(y), lim, sign) for x, y in zip(ra, rb))
+                        for ra, rb in zip(a.rows, b.rows)))
+
+
+def matrix_mul(a: Value, b: Value, lim: Budget) -> Matrix:
+    """A matrix product, or a number times a matrix."""
+    if not isinstance(a, Matrix):
+        return Matrix(tuple(tuple(A.mul(as_scalar(a), as_scalar(x), lim) for x in r) for r in b.rows))
+    if not isinstance(b, Matrix):
+        return matrix_mul(b, a, lim)
+    if len(a.rows[0]) != len(b.rows):
+        raise Unsupported("matrix shapes do not multiply")
+    lim.spend(len(a.rows) * len(b.rows[0]) * len(b.rows))
+    out = []
+    for row in a.rows:
+        cells = []
+        for j in range(len(b.rows[0])):
+            cell = A.const(0)
+            for k, x in enumerate(row):
+                cell = A.add(cell, A.mul(as_scalar(x), as_scalar(b.rows[k][j]), lim), lim)
+            cells.append(cell)
+        out.append(tuple(cells))
+    return Matrix(tuple(out))
+
+
 def lift(op, a: Value, b: Value) -> Value:
     """op(a, b) on Scalars; over a `\\pm` set it applies to each element (at most 8)."""
     if isinstance(a, FiniteSet) and a.from_pm or isinstance(b, FiniteSet) and b.from_pm:
@@ -77,6 +105,11 @@ class Parser:
 
     def _mul(self, a: Scalar, b: Scalar) -> Scalar:
         return A.mul(a, b, self.b)
+
+    def _product(self, a: Value, b: Value) -> Value:
+        if isinstance(a, Matrix) or isinstance(b, Matrix):
+            return matrix_mul(a, b, self.b)
+        return lift(self._mul, a, b)
 
     def _div(self, a: Scalar, b: Scalar) -> Scalar:
         return A.div(a, b, self.b)
@@ -193,7 +226,11 @@ class Parser:
             t = self.peek()
             if t.kind == "op" and t.text in "+-":
                 self.take()
-                w = as_scalar(self.term())
+                term = self.term()
+                if isinstance(term, Matrix) and len(vals) == 1 and isinstance(vals[0], Matrix):
+                    vals = [matrix_add(vals[0], term, 1 if t.text == "+" else -1, self.b)]
+                    continue
+                w = as_scalar(term)
                 vals = [A.add(as_scalar(x), w, self.b, 1 if t.text == "+" else -1) for x in vals]
             elif t.kind == "cmd" and t.text in ("\\pm", "\\mp"):
                 self.take()
@@ -212,12 +249,14 @@ class Parser:
             t = self.peek()
             if (t.kind == "op" and t.text == "*") or (t.kind == "cmd" and t.text in _TIMES):
                 self.take()
-                v = lift(self._mul, v, self.unary())
+                v = self._product(v, self.unary())
             elif (t.kind == "op" and t.text == "/") or (t.kind == "cmd" and t.text == "\\div"):
                 self.take()
                 v = lift(self._div, v, self.unary())
             elif t.kind == "id" or (t.kind == "cmd" and t.text in _IMPLICIT_CMDS) or (t.kind == "op" and t.text == "("):
                 v = lift(self._mul, v, self.power())
+            elif t.kind == "cmd" and t.text == "\\begin":  # a matrix product written side by side
+                v = self._product(v, self.power())
             elif t.kind == "num":
                 raise Unsupported("two numbers side by side")
             else:

@@ -60,7 +60,7 @@ _MATHY = re.compile(r"[0-9a-zA-Z\s.,+\-*/()\[\]^=<>|]*")
 _WORD2 = re.compile(r"[a-zA-Z]{2,}")
 _SIZING = re.compile(r"\\(?:left|right)\s*\.|"
                      r"\\(?:left|right|[bB]igg?[lrm]?|displaystyle|textstyle|scriptstyle|limits|nolimits)(?![a-zA-Z])")
-_THIN_THOUSANDS = re.compile(r"(?<=[0-9])(?:\\[,!;:]|\{,\}|\\ )+(?=[0-9]{3}(?![0-9]))")
+_THIN_THOUSANDS = re.compile(r"(?<=[0-9])(?:,\s*\\!\s*|\\[,!;:]\s*|\{,\}|\\ )+(?=[0-9]{3}(?![0-9]))")
 _BRACED_COMMA = re.compile(r"(?<=[0-9])\{,\}(?=[0-9])")  # `2{,}5` (LaTeX decimal comma) once `10{,}000` is done
 _NEG_SPACE = re.compile(r"\\!")
 # Harmless wrappers around math: the macro goes, its braced argument stays a group (`\mathbf{\frac12}` is `{\frac12}`);
@@ -179,6 +179,8 @@ def clean(answer: str) -> str:
     s = _MATH_DELIMS.sub("", s)
     s = _AND_OR.sub(", ", s)
     s = _PERCENT.sub("%", s)
+    if s.rstrip().endswith(("...", "\u2026")):  # `1, 2, 3, ...`: the list goes on; never the finite list
+        return s.rstrip().rstrip(".\u2026") + "\\ldots"
     s = _TRAILING_BREAK.sub("", s.strip().rstrip(_TRAIL)).rstrip(_TRAIL)
     s = _BARE_DEGREES.sub(_DEGREE_MARK, s)
     s = _BARE_UNIT.sub("", s).rstrip()

@@ -18,7 +18,7 @@ import re
 from typing import Callable, NamedTuple
 
 from align.verify.extract import _SEPARATOR, final_group, find_boxes, join_group
-from align.verify.normalize import repair_escapes
+from align.verify.normalize import UNITS, repair_escapes
 
 # Final-answer phrases, case-insensitive. What follows may start with "is", ":", "=", "是", "为" (eaten below).
 _POINT_PHRASES = [  # languages that write a decimal point
@@ -54,7 +54,15 @@ _DELIM = re.compile(r"(?<!\\)\$\$|(?<!\\)\$|\\\(|\\\)|\\\[|\\\]")
 _CLOSE = {"$$": "$$", "$": "$", "\\(": "\\)", "\\[": "\\]"}
 # ASCII-only boundaries: "共有57颗" holds the number 57 (CJK letters count as \w in Python's regex). A clock time
 # `10:30` or `10:30:00` is one number.
-_NUMBER = re.compile(r"(?<![A-Za-z0-9_.])-?(?:[0-9]{1,2}:[0-9]{2}(?::[0-9]{2})?|[0-9]+(?:[.,][0-9]+)*)(?![A-Za-z0-9_:])")
+# A fraction `2/3` too. Letters right after a number must be a unit (`12.5m²`, `5cm`), else it is no number (`2x`).
+_NUMBER = re.compile(r"(?<![A-Za-z0-9_./])-?(?:[0-9]{1,2}:[0-9]{2}(?::[0-9]{2})?|[0-9]+/[0-9]+|[0-9]+(?:[.,][0-9]+)*)"
+                     r"(?![0-9_:/])")
+_LETTERS = re.compile(r"[A-Za-z]+")
+_PROSE = re.compile(r"[^\W\d_]{3,}")  # a word (any script) between earlier math and the number
+# The last of several numbers in the sentence is the answer when the sentence states it: "... which is 1,000.99€".
+_STATES = re.compile(r"(?:\bis|'s|\bare|\bequals?|\bwas|\bbe)\s*(?:\\?\$)?\s*$")
+# A chat template's turn marker ends the model's answer: what follows is another turn.
+_TURN_END = re.compile(r"<\|(?:im_start|im_end|endoftext|end_of_text|eot_id|start_header_id|end_header_id|eos)\|>")
 # Other scripts' digits, read as ASCII digits before looking for the last number (one character for one).
 _DIGITS = str.maketrans({chr(base + d): str(d) for base in (0x0660, 0x06F0, 0x0966, 0xFF10) for d in range(10)})
 # A one-letter assignment right before the number ("The only solution is x = 1."): the number is the value.
@@ -124,9 +132,25 @@ def _adjacent(text: str, spans: list[Span]) -> list[Span]:
     return out
 
 
+def _numbers(text: str) -> list[re.Match]:
+    out = []
+    for m in _NUMBER.finditer(text):
+        unit = _LETTERS.match(text, m.end())
+        if unit is None or unit.group().lower() in UNITS:
+            out.append(m)
+    return out
+
+
 def _last_number(text: str) -> str | None:
+    """The last number, when it is the only number of its sentence (or the one the sentence states: "which is 7")
+    and the sentence holds no hedge word and no math."""
+    found = _last_number_at(text)
+    return None if found is None else found[0]
+
+
+def _last_number_at(text: str) -> tuple[str, int] | None:
     text = text.translate(_DIGITS)
-    numbers = list(_NUMBER.finditer(text))
+    numbers = _numbers(text)
     if not numbers:
         return None
     last = numbers[-1]
@@ -136,10 +160,19 @@ def _last_number(text: str) -> str | None:
     sentence = text[start:]
     end = _SENTENCE_END.search(sentence, last.end() - start)
     sentence = sentence if end is None else sentence[:end.start()]
-    sentence = _ASSIGNED.sub("", sentence.replace("\\$", ""))
-    if len(_NUMBER.findall(sentence)) != 1 or _HEDGE.search(sentence) or _MATHY.search(sentence):
+    before = text[start:last.start()]
+    if _HEDGE.search(sentence):
         return None
-    return last.group()
+    sentence = _ASSIGNED.sub("", sentence.replace("\\$", ""))
+    maths = list(_MATHY.finditer(sentence))
+    if maths:  # math earlier in the sentence: only prose after it may state the number ("= 2/3 So it is 2/3")
+        sentence = sentence[maths[-1].end():]
+        if not _PROSE.search(sentence[:sentence.rfind(last.group())]):
+            return None
+    count = len(_numbers(sentence))
+    if count == 0 or (count > 1 and not _STATES.search(before)):
+        return None
+    return last.group(), last.start()
 
 
 class Extraction(NamedTuple):
@@ -153,6 +186,9 @@ def extract(response: str, max_chars: int, fallback: bool = False,
     """The final answer of `response` (its last `max_chars` characters): its last box group; with `fallback`, when
     there is no box, steps 2-5 of the module docstring (step 3 only when `readable` is given)."""
     text = repair_escapes(response[-max_chars:] if len(response) > max_chars else response)
+    if "<|" in text:
+        turn_end = _TURN_END.search(text)
+        text = text if turn_end is None else text[:turn_end.start()]
     boxes = find_boxes(text) if "box" in text else []
     if boxes:
         group = final_group(text, boxes)
@@ -195,9 +231,10 @@ def _unboxed_answer(text: str, readable: Callable[[str], bool] | None) -> tuple[
     spans = math_spans(text)
     if readable is not None and _answer_shaped(text, spans) and readable(text):
         return text, "whole"
-    if spans:
+    number = _last_number_at(text)
+    # the last math span, unless a stated number comes after it ("... $d = 90/n$. So there are 12 sequences.")
+    if spans and (number is None or number[1] < spans[-1].end or _DELIM.search(text, spans[-1].end, number[1])):
         return _span_group(text, spans), "span"
-    number = _last_number(text)
     if number is not None:
-        return number, "number"
+        return number[0], "number"
     return None, "none"

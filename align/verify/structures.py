@@ -215,7 +215,14 @@ def _inequality(parts: list[Value], ops: list[str], lim: Budget) -> Value:
             left, right = _solve_linear(lo, ops[0], mid, lim), _solve_linear(mid, ops[1], hi, lim)
             if left is not None and right is not None:  # `-1 < 2x + 1 < 3`: both sides solve for x
                 return _intersect(left, right)
+    if len(parts) >= 3 and all(isinstance(p, Scalar) for p in parts):
+        # an ordering of expressions (`f(2) < f(1) < f(4)`): the chain of its links, compared link by link
+        return Tuple(tuple(Relation(*_ordered(op, a, b)) for op, a, b in zip(ops, parts, parts[1:])))
     raise Unsupported("inequality chain")
+
+
+def _ordered(op: str, a: Scalar, b: Scalar) -> tuple[str, Scalar, Scalar]:
+    return (_FLIP[op], b, a) if op in _FLIP else (op, a, b)
 
 
 def relation_value(parts: list[Value], ops: list[str], lim: Budget) -> Value:

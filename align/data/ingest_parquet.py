@@ -1,6 +1,8 @@
 """Parquet or JSONL in, validated and de-duplicated records out: the `ingest:<source>` stage's library half.
 
-A source is a local file (`path`) or an HTTP(S) URL (`url`, align.data.hub: resumable, range requests for parquet).
+A source is a local file (`path`) or an HTTP(S) URL (`url`, align.data.hub: resumable, range requests for parquet),
+or several files read one after the other: a glob `path` (sorted matches) or `urls` (a dataset's parquet shards);
+each file's content sha256 is then its own `inputs` entry and row numbers run on across the files.
 The input is streamed (parquet one batch of a row group at a time, JSONL one line at a time, align.data.readers),
 so a file larger than memory works; only the set of content hashes (32 bytes a row) is held. Output:
 `records.parquet` in the normalised layout of the source's kind (`schema.NORMALISED`) and `manifest.json` (kind
@@ -24,7 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from align.data.hub import HttpConfig, is_url
-from align.data.readers import JsonlRows, ParquetRows, open_rows
+from align.data.readers import GLOB_CHARS, JsonlRows, ParquetRows, open_rows, source_files
 from align.data.outcome_agreement import outcome_agreement
 from align.data.schema import NORMALISED, from_row, RowError, content_hash, to_row, validate
 from align.data.sources import FORMATS, make_records, type_name, type_ok
@@ -47,8 +49,9 @@ class SourceConfig:
     kind: Literal["sft", "pairs", "prompts", "steps"]
     format: Literal["messages", "prompt_response", "gsm8k", "math", "argilla", "argilla_responses", "pair_columns",
                     "prompt_answer", "prm800k"]
-    path: str = ""  # a local file, relative to the project root; exactly one of path and url
+    path: str = ""  # a local file, relative to the project root, or a glob of files; exactly one of path, url, urls
     url: str = ""  # an http(s) URL (e.g. a hub's .../resolve/main/data/train.parquet)
+    urls: tuple[str, ...] = ()  # several URLs read in order (a dataset's parquet shards)
     file_type: Literal["auto", "parquet", "jsonl"] = "auto"  # auto: from the name's suffix
     sha256: str = ""  # the input's expected content hash; "" : not pinned (the manifest records it either way)
     http: HttpConfig = field(default_factory=HttpConfig)  # how a url is fetched
@@ -61,10 +64,14 @@ class SourceConfig:
     max_rows: int | None = None  # read only the first max_rows rows (a smoke profile's cut)
 
     def __post_init__(self):
-        if bool(self.path) == bool(self.url):
-            raise ValueError("a source needs exactly one of path (a local file) and url (http or https)")
-        if self.url and not is_url(self.url):
-            raise ValueError(f"url must start with http:// or https://, got {self.url!r}")
+        if sum(map(bool, (self.path, self.url, self.urls))) != 1:
+            raise ValueError("a source needs exactly one of path (a local file or glob), url and urls (http or https)")
+        for url in (self.url, *self.urls):
+            if url and not is_url(url):
+                raise ValueError(f"url must start with http:// or https://, got {url!r}")
+        if self.sha256 and (self.urls or any(c in self.path for c in GLOB_CHARS)):
+            raise ValueError("sha256 pins one file; a source of several files records each file's sha256 in the "
+                             "manifest (inputs)")
         if self.kind not in FORMATS[self.format].kinds:
             raise ValueError(f"format {self.format!r} makes {' or '.join(FORMATS[self.format].kinds)} records, "
                              f"not {self.kind!r}")
@@ -79,8 +86,8 @@ class SourceConfig:
 
     @property
     def location(self) -> str:
-        """The path or URL as configured: the manifest's `inputs` key."""
-        return self.url or self.path
+        """The path (or glob) or URL(s) as configured: a single file's manifest `inputs` key."""
+        return self.url or self.path or " ".join(self.urls)
 
 
 @dataclass
@@ -154,12 +161,21 @@ class Screen(Protocol):
     def report(self) -> dict: ...  # the manifest's `decontam`
 
 
-def _write_records(name: str, src: SourceConfig, reader: ParquetRows | JsonlRows, plan: dict[str, str],
-                   target: Path, screen: Screen | None = None) -> IngestStats:
-    stats, seen, buffer = IngestStats(), set(), []
+def _chained(files: list[tuple[str, ParquetRows | JsonlRows, dict[str, str]]], batch_rows: int,
+             reached: list[int]) -> Iterator[dict | RowError]:
+    """The rows of every file in order; `reached` collects the files whose rows were started."""
+    for i, (_, reader, plan) in enumerate(files):
+        reached.append(i)
+        yield from iter_rows(reader, plan, batch_rows)
+
+
+def _write_records(name: str, src: SourceConfig, files: list[tuple[str, ParquetRows | JsonlRows, dict[str, str]]],
+                   target: Path, screen: Screen | None = None) -> tuple[IngestStats, list[int]]:
+    stats, seen, buffer, reached = IngestStats(), set(), [], []
     schema = NORMALISED[src.kind]
+    plan = files[0][2]  # for naming columns in rejections (every file maps the same logical names)
     with pq.ParquetWriter(str(target), schema, **WRITE_OPTIONS) as writer:
-        for index, row in enumerate(iter_rows(reader, plan, src.batch_rows)):
+        for index, row in enumerate(_chained(files, src.batch_rows, reached)):
             if src.max_rows is not None and index >= src.max_rows:
                 break
             stats.rows_in += 1
@@ -188,15 +204,16 @@ def _write_records(name: str, src: SourceConfig, reader: ParquetRows | JsonlRows
                 buffer.clear()
         if buffer:
             writer.write_table(pa.Table.from_pylist(buffer, schema=schema))
-    return stats
+    return stats, reached
 
 
-def _input_hash(src: SourceConfig, reader: ParquetRows | JsonlRows, stats: IngestStats) -> str:
+def _input_hash(src: SourceConfig, reader: ParquetRows | JsonlRows, stats: IngestStats, last: bool = True) -> str:
     """The input's content sha256, checked against a pinned `sha256`. A `max_rows` cut of a JSONL stream stopped
     early (a local file is hashed whole), so its hash covers only what was read: it is recorded as such, and
-    cannot match a pin."""
+    cannot match a pin. `last`: the file the rows stopped in (of several, only it can have been cut)."""
     digest = reader.sha256()
-    if src.max_rows is not None and src.url and isinstance(reader, JsonlRows) and stats.rows_in >= src.max_rows:
+    cut = last and src.max_rows is not None and stats.rows_in >= src.max_rows
+    if cut and is_url(reader.label) and isinstance(reader, JsonlRows):
         digest = f"partial:{digest}"
     if src.sha256 and digest != src.sha256:
         raise DataError(f"{reader.label}: content sha256 is {digest}, the source pins {src.sha256} "
@@ -222,13 +239,19 @@ def ingest_source(name: str, src: SourceConfig, out_dir: str | Path, base_dir: s
                   screen: Screen | None = None) -> dict:
     """Ingest one source into `out_dir` (published atomically). Returns the manifest; with a `screen` (the
     stage's decontamination) its report is the manifest's `decontam`."""
-    reader = open_rows(src.path, src.url, src.file_type, src.http, Path(base_dir))
-    plan = column_plan(src, reader)
+    files = []  # (manifest inputs key, reader, column plan) per file; one unless path is a glob or urls are given
+    for path, url in source_files(src.path, src.url, src.urls, Path(base_dir)):
+        reader = open_rows(path, url, src.file_type, src.http, Path(base_dir))
+        files.append((url or path, reader, column_plan(src, reader)))
     staging = staging_dir(out_dir)
     try:
-        stats = _write_records(name, src, reader, plan, staging / RECORDS, screen)
-        _reject_ceiling(stats, src, reader.label)
-        inputs = {src.location: _input_hash(src, reader, stats)}
+        stats, reached = _write_records(name, src, files, staging / RECORDS, screen)
+        _reject_ceiling(stats, src, files[0][1].label if len(files) == 1 else src.location)
+        if len(files) == 1:
+            inputs = {src.location: _input_hash(src, files[0][1], stats)}
+        else:  # a max_rows cut may stop before the last files: they were never read, so have no hash
+            inputs = {key: _input_hash(src, reader, stats, i == reached[-1]) if i in reached else "unread (max_rows)"
+                      for i, (key, reader, _) in enumerate(files)}
         manifest = write_manifest(staging, MANIFEST_KIND, inputs=inputs, extra={
             "source": name, "record_kind": src.kind, "format": src.format, "rows_in": stats.rows_in,
             "rows_out": stats.rows_out, "rows_empty": stats.rows_empty, "duplicates": stats.duplicates,

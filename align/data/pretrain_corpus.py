@@ -1,9 +1,9 @@
 """Raw-text corpora for continued pretraining: documents from one or more sources, tokenised, with a held-out slice.
 
 A source is a parquet or JSONL file with a text column, local or at a URL (align.data.readers, the same readers as
-ingest). Every document becomes `[BOS] + tokens(text) + [EOS]`: the EOS teaches where a document ends, and the
-pretraining order (align.data.token_order) relies on it to read documents back to back. Every `heldout_every`-th
-document of each source (by position in its file) is held out for the in-loop NLL / perplexity, never trained on.
+ingest), or several such files read in order (a glob `path`, or `urls`: a dataset's parquet shards). Every
+document becomes `[BOS] + tokens(text) + [EOS]`: the EOS teaches where a document ends, and the pretraining order
+(align.data.token_order) relies on it to read documents back to back. Every `heldout_every`-th (by position in its file) is held out for the in-loop NLL / perplexity, never trained on.
 
 A row whose text is missing, not a string or empty is a counted rejection naming its row; more than
 `max_reject_fraction` of a source's rows rejected fails the source, as in ingest.
@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from align.data.hub import HttpConfig
-from align.data.readers import open_rows
+from align.data.readers import open_rows, source_files
 from align.exceptions import DataError
 
 
@@ -29,8 +29,9 @@ from align.exceptions import DataError
 class CorpusSourceConfig:
     """[corpus.sources.<name>]: one raw-text source and its share of the training mixture."""
 
-    path: str = ""  # a local file relative to the project root; exactly one of path and url
+    path: str = ""  # a local file relative to the project root, or a glob; exactly one of path, url and urls
     url: str = ""
+    urls: tuple[str, ...] = ()  # several URLs read in order (a dataset's parquet shards)
     file_type: str = "auto"  # "auto" (from the suffix), "parquet" or "jsonl"
     text_column: str = "text"
     weight: float = 1.0  # share of the training tokens of an epoch, relative to the other sources' weights
@@ -38,8 +39,8 @@ class CorpusSourceConfig:
     http: HttpConfig = field(default_factory=HttpConfig)
 
     def __post_init__(self):
-        if bool(self.path) == bool(self.url):
-            raise ValueError("a corpus source needs exactly one of path and url")
+        if sum(map(bool, (self.path, self.url, self.urls))) != 1:
+            raise ValueError("a corpus source needs exactly one of path (a file or glob), url and urls")
         if not self.weight > 0:
             raise ValueError(f"weight must be > 0, got {self.weight}")
         if self.file_type not in ("auto", "parquet", "jsonl"):
@@ -101,14 +102,25 @@ def _split(docs: list[tuple[int, list[int]]]) -> Split:
                  np.array([s for s, _ in docs], dtype=np.int64))
 
 
+def _readers(name: str, src: CorpusSourceConfig, base: Path) -> list:
+    """One reader per file of the source (a glob's matches or `urls`, in order), each holding the text column."""
+    readers = [open_rows(path, url, src.file_type, src.http, base)
+               for path, url in source_files(src.path, src.url, src.urls, base)]
+    for reader in readers:
+        if src.text_column not in reader.names():
+            raise DataError(f"{reader.label}: missing text column {src.text_column!r} (corpus.sources.{name}."
+                            f"text_column); columns present: {', '.join(reader.names()) or '(none)'}")
+    return readers
+
+
 def _read_source(index: int, name: str, src: CorpusSourceConfig, cfg: CorpusConfig, tokenizer, base: Path,
                  train: list, heldout: list) -> dict:
-    reader = open_rows(src.path, src.url, src.file_type, src.http, base)
-    if src.text_column not in reader.names():
-        raise DataError(f"{reader.label}: missing text column {src.text_column!r} (corpus.sources.{name}."
-                        f"text_column); columns present: {', '.join(reader.names()) or '(none)'}")
+    readers = _readers(name, src, base)
+    reader = readers[0] if len(readers) == 1 else None  # names the source in errors
+    label = reader.label if reader is not None else f"{base / src.path if src.path else ' '.join(src.urls)}"
     stats = {"rows": 0, "documents": 0, "tokens": 0, "rejected": 0, "rejections": []}
-    for row_index, row in enumerate(reader.rows([src.text_column], 1024)):
+    rows = (row for r in readers for row in r.rows([src.text_column], 1024))
+    for row_index, row in enumerate(rows):
         if src.max_docs is not None and row_index >= src.max_docs:
             break
         stats["rows"] += 1
@@ -125,13 +137,17 @@ def _read_source(index: int, name: str, src: CorpusSourceConfig, cfg: CorpusConf
         stats["documents"] += 1
         stats["tokens"] += len(ids)
     if stats["rows"] == 0 or stats["documents"] == 0:
-        raise DataError(f"{reader.label}: no documents (corpus.sources.{name})")
+        raise DataError(f"{label}: no documents (corpus.sources.{name})")
     if stats["rejected"] / stats["rows"] > cfg.max_reject_fraction:
         first = stats["rejections"][0]
-        raise DataError(f"{reader.label}: {stats['rejected']} of {stats['rows']} rows rejected, more than "
+        raise DataError(f"{label}: {stats['rejected']} of {stats['rows']} rows rejected, more than "
                         f"{cfg.max_reject_fraction:.1%}; first: row {first['row']}, column {first['column']!r}: "
                         f"{first['reason']}")
-    return {**stats, "sha256": reader.sha256() if src.max_docs is None else None}
+    if src.max_docs is not None:
+        return {**stats, "sha256": None}
+    if reader is not None:
+        return {**stats, "sha256": reader.sha256()}
+    return {**stats, "sha256": {r.label: r.sha256() for r in readers}}  # several files: each one's hash
 
 
 def build_corpus(cfg: CorpusConfig, tokenizer, base_dir: str | Path = ".") -> Corpus:

@@ -11,6 +11,7 @@ row group); JSONL one line at a time (over HTTP as one resumable stream whose by
 
 from __future__ import annotations
 
+import glob
 import json
 from itertools import chain
 from pathlib import Path
@@ -123,3 +124,22 @@ def open_rows(path: str, url: str, file_type: str, http: HttpConfig, base_dir: P
     if kind == "parquet":
         return ParquetRows(str(local), local, local, http)
     return JsonlRows(str(local), _local_lines(local), lambda: sha256_file(local))  # the whole file, cut or not
+
+
+GLOB_CHARS = ("*", "?", "[")
+
+
+def source_files(path: str, url: str, urls: tuple[str, ...], base_dir: Path) -> list[tuple[str, str]]:
+    """(path, url) of each file of a source, exactly one of path / url / urls given: a path with a glob character
+    (*, ?, [) is every match under base_dir in sorted order (none: an error naming the pattern); `urls` are taken in
+    their order (a dataset's parquet shards)."""
+    if urls:
+        return [("", u) for u in urls]
+    if url or not any(c in path for c in GLOB_CHARS):
+        return [(path, url)]
+    found = sorted(Path(p) for p in glob.glob(str(base_dir / path)) if Path(p).is_file())
+    matches = [str(p.relative_to(base_dir)) if p.is_relative_to(base_dir) else str(p) for p in found]
+    if not matches:
+        raise DataError(f"{base_dir / path}: no file matches the pattern")
+    return [(m, "") for m in matches]
+

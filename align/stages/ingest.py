@@ -4,7 +4,8 @@
 
 Publishes `<run_dir>/out/` (records.parquet + manifest.json, kind "records") and `<run_dir>/metrics.json` (row
 counts, the decontamination's counts). Every source is checked against the evaluation sets of `[decontam]`
-(align.data.decontam: registered sets, held-out sources; matches flagged or dropped, reported in the manifest). Source paths are relative to the project root ($ALIGN_ROOT, else the working directory)."""
+(align.data.decontam: registered sets, held-out sources; matches flagged or dropped, reported in the manifest).
+Source paths are relative to the project root ($ALIGN_ROOT, else the working directory)."""
 
 from __future__ import annotations
 

@@ -7,7 +7,8 @@ from pathlib import Path
 from align.config import read_toml
 from align.data.decontam import DecontamConfig
 from align.data.evalsets import EVALSETS, get_evalset
-from align.exceptions import ConfigError
+from align.data.readers import source_files
+from align.exceptions import ConfigError, DataError
 from pipeline.layout import Layout, StageCtx
 from pipeline.stage import StageSpec
 
@@ -45,8 +46,18 @@ def inloop_manifests(layout: Layout, config: str) -> list[Path]:
 def _source_path(ctx: StageCtx) -> list[Path]:
     sources = stage_table(ctx.layout, "ingest.toml", "sources")
     source = sources.get(ctx.variant, {})
-    own = [ctx.layout.root / source["path"]] if isinstance(source, dict) and "path" in source else []
+    own = _local_files(ctx.layout, source.get("path")) if isinstance(source, dict) else []
     return own + [p for p in _reference_paths(ctx.layout, sources) if p not in own]
+
+
+def _local_files(layout: Layout, path) -> list[Path]:
+    """A source's local files: its path, or a glob's matches (none: the task reports it when it runs)."""
+    if not isinstance(path, str) or not path:
+        return []
+    try:
+        return [layout.root / p for p, _ in source_files(path, "", (), layout.root)]
+    except DataError:
+        return []
 
 
 def _reference_paths(layout: Layout, sources: dict) -> list[Path]:
@@ -60,8 +71,8 @@ def _reference_paths(layout: Layout, sources: dict) -> list[Path]:
             paths.append(layout.root / get_evalset(name).source.path)
     for name in heldout if isinstance(heldout, (list, tuple)) else ():
         entry = sources.get(name)
-        if isinstance(entry, dict) and isinstance(entry.get("path"), str):
-            paths.append(layout.root / entry["path"])
+        if isinstance(entry, dict):
+            paths += _local_files(layout, entry.get("path"))
     return sorted(set(paths))
 
 

@@ -5,6 +5,7 @@ named eval sets. Every fixture is a small file written here in the dataset's own
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pyarrow as pa
@@ -227,12 +228,16 @@ def test_ingest_worker_reports_outcome_agreement(tmp_path, monkeypatch, capsys):
     _jsonl(tmp_path / "phase2_test.jsonl", [PHASE1, PHASE2_WRONG, PHASE2_EARLY, DISAGREE])
     (tmp_path / "ingest.toml").write_text('[sources.prm]\npath = "phase2_test.jsonl"\nkind = "steps"\n'
                                           'format = "prm800k"\n')
+    (tmp_path / "data/raw").mkdir(parents=True)  # the registered "bundled" eval set every ingest is checked on
+    shutil.copy(Path(__file__).resolve().parents[2] / "data/raw/math_eval.parquet", tmp_path / "data/raw")
     monkeypatch.setenv("ALIGN_ROOT", str(tmp_path))
     monkeypatch.setenv("ALIGN_RUN_DIR", str(tmp_path / "run"))
     monkeypatch.setattr("sys.argv", ["ingest", "--config", str(tmp_path / "ingest.toml"), "source=prm"])
     assert run_with_exit_codes(ingest.main) == 0
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert metrics["rows_out"] == 4 and metrics["outcome_agreement"]["compared"] == 3
+    assert metrics["decontam"] == {"n": 8, "threshold": 0.8, "action": "flag", "references": {"bundled": 600},
+                                   "checked": 4, "matched": 0, "dropped": 0}
     assert "disagreements" not in metrics["outcome_agreement"]  # the manifest lists them; the receipt counts
     assert "verifier agrees with the final-answer labels on 0.667 of 3 finished" in capsys.readouterr().out
 

@@ -1,9 +1,13 @@
 """Records to token sequences: the chat template is applied here, once, and the loss mask is built with the ids.
 
-Each record becomes `seqs_per_row` sequences of (ids, loss_mask):
-- sft: the conversation (mask 1 on assistant tokens and their `</s>`).
-- pairs: two sequences, prompt + chosen reply and prompt + rejected reply (mask 1 on the reply and its `</s>`).
-- prompts: the prompt up to and including `[/INST]` (mask all 0), the gold answer kept as text beside it.
+The chat format is the tokenizer directory's own (`Tokenizer.encode_chat` / `encode_prompt`, chosen from its files
+by align.tokenizer.chat_format): the Mistral v0.3 `[INST]` encoder for the vendored tokenizers, else the
+checkpoint's Jinja `chat_template` rendered as transformers renders it. Each record becomes `seqs_per_row`
+sequences of (ids, loss_mask):
+- sft: the conversation (mask 1 on assistant output and its end-of-turn token: `</s>`, `<|im_end|>`, `<|eot_id|>`).
+- pairs: two sequences, prompt + chosen reply and prompt + rejected reply (mask 1 on the reply and its end token).
+- prompts: the prompt with the template's generation prompt (`[/INST]`, `<|im_start|>assistant\n`, ...; mask all
+  0), the gold answer kept as text beside it.
 
 A sequence longer than `max_len` is dropped (counted) or truncated from the right, per `EncodingConfig.too_long`;
 a pair is dropped or kept whole, never with one arm alone."""
@@ -22,7 +26,7 @@ SEQS_PER_ROW = {"sft": 1, "pairs": 2, "prompts": 1}
 
 @dataclass(frozen=True)
 class EncodingConfig:
-    """How records become sequences. `max_len` counts tokens, `<s>` and `</s>` included."""
+    """How records become sequences. `max_len` counts tokens, the template's control tokens included."""
 
     max_len: int = 512
     too_long: Literal["drop", "truncate"] = "drop"  # truncate keeps the first max_len tokens

@@ -3,7 +3,8 @@
 A source is a parquet or JSONL file with a text column, local or at a URL (align.data.readers, the same readers as
 ingest), or several such files read in order (a glob `path`, or `urls`: a dataset's parquet shards). Every
 document becomes `[BOS] + tokens(text) + [EOS]`: the EOS teaches where a document ends, and the pretraining order
-(align.data.token_order) relies on it to read documents back to back. Every `heldout_every`-th (by position in its file) is held out for the in-loop NLL / perplexity, never trained on.
+(align.data.token_order) relies on it to read documents back to back. Every `heldout_every`-th document of each
+source (by position in its files) is held out for the in-loop NLL / perplexity, never trained on.
 
 A row whose text is missing, not a string or empty is a counted rejection naming its row; more than
 `max_reject_fraction` of a source's rows rejected fails the source, as in ingest.

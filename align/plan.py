@@ -1,6 +1,7 @@
 """The memory plan of a profile's GPU run: per-rank bytes before anything is launched.
 
     python -m align.plan --profile mistral7b --gpus 4 --gpu-mem 80 [--optimizer NAME] [--host-mem GiB] [--json]
+    python -m align.plan --profile mistral7b --sweep        (markdown: 1, 2, 4, 8 GPUs of 24, 80, 141 GiB)
 
 Reads the profile's stage configs (`configs/<profile>/sft.toml`, and `grpo.toml` when the profile has one) and the
 architecture: the config.json of sft.toml's `[model].base` when that snapshot is on this host, else
@@ -314,16 +315,42 @@ def verdict(plans: list[Plan], optimizer: str, usable: int, host_mem: int | None
     return None
 
 
+def sweep(profile: str, gpus: list[int], mems: list[float], headroom: float) -> str:
+    """A markdown table: per GPU count, each optimizer's device GiB per rank for every stage, offload_adamw's host
+    GiB per rank, and for each GPU size the optimizers each stage fits with."""
+    loads = workloads(profile)
+    stages = "/".join(w.stage for w in loads)
+    head = (["GPUs"] + [f"{n} device GiB ({stages})" for n in OPTIMIZERS] + ["offload_adamw host GiB"]
+            + [f"fits {m:g} GiB" for m in mems])
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for g in gpus:
+        plans = [plan(w, g) for w in loads]
+        cells = [str(g)] + ["/".join(f"{p.device_total(n) / GIB:.1f}" for p in plans) for n in OPTIMIZERS]
+        cells.append(f"{max(p.optimizer_host['offload_adamw'] for p in plans) / GIB:.1f}")
+        for m in mems:
+            usable = int(m * GIB * (1 - headroom))
+            cells.append("; ".join(f"{p.workload.stage}: " + (", ".join(
+                n for n in OPTIMIZERS if p.device_total(n) <= usable) or "none") for p in plans))
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m align.plan", description=__doc__.split("\n\n")[0])
     ap.add_argument("--profile", required=True)
-    ap.add_argument("--gpus", type=int, required=True, help="ranks (GPUs) the stages are sharded over")
-    ap.add_argument("--gpu-mem", type=float, required=True, help="memory per GPU in GiB")
+    ap.add_argument("--gpus", type=int, help="ranks (GPUs) the stages are sharded over")
+    ap.add_argument("--gpu-mem", type=float, help="memory per GPU in GiB")
+    ap.add_argument("--sweep", action="store_true", help="a markdown table over 1, 2, 4, 8 GPUs of 24, 80, 141 GiB")
     ap.add_argument("--optimizer", choices=OPTIMIZERS, help="the one the verdict is for (default: sft.toml's)")
     ap.add_argument("--host-mem", type=float, help="host memory of the node in GiB (checks offload_adamw's state)")
     ap.add_argument("--headroom", type=float, default=0.10, help="share of GPU memory kept free (default 0.10)")
     ap.add_argument("--json", action="store_true", help="one JSON object instead of the table")
     args = ap.parse_args(argv)
+    if args.sweep:
+        print(sweep(args.profile, [1, 2, 4, 8], [24.0, 80.0, 141.0], args.headroom))
+        return 0
+    if args.gpus is None or args.gpu_mem is None:
+        raise ConfigError("align.plan: --gpus and --gpu-mem are required (or --sweep)")
     if args.gpus < 1 or args.gpu_mem <= 0 or not 0 <= args.headroom < 1:
         raise ConfigError(f"align.plan: --gpus >= 1, --gpu-mem > 0 and 0 <= --headroom < 1 (got {args.gpus}, "
                           f"{args.gpu_mem}, {args.headroom})")

@@ -134,5 +134,8 @@ def test_cli_fits_refuses_and_reports():
     host = _cli("--profile", "mistral7b", "--gpus", "8", "--gpu-mem", "80", "--optimizer", "offload_adamw",
                 "--host-mem", "64")
     assert host.returncode == 83 and "host memory" in host.stderr
+    sweep = _cli("--profile", "mistral7b", "--sweep")
+    assert sweep.returncode == 0 and [line.split(" | ")[0] for line in sweep.stdout.splitlines()[2:]] == \
+        ["| 1", "| 2", "| 4", "| 8"]
     missing = _cli("--profile", "no_such_profile", "--gpus", "1", "--gpu-mem", "80")
     assert missing.returncode == 2 and "configs/no_such_profile/sft.toml: no such file" in missing.stderr

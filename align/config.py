@@ -183,7 +183,9 @@ def _coerce(value: Any, hint: Any, source: str, where: str) -> Any:
             try:
                 return _coerce(value, arg, source, where)
             except ConfigError as exc:
-                errors.append(str(exc))
+                errors.append(exc)
+        if len(errors) == 1:  # `X | None`: X's own error names the key that is wrong inside it
+            raise errors[0]
         raise bad(_type_name(hint))
     origin = typing.get_origin(hint)
     if dataclasses.is_dataclass(hint):

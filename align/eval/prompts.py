@@ -10,14 +10,17 @@ from typing import Callable
 
 @dataclass
 class PromptSet:
-    """What the source reads per prompt row: token ids and gold answer (a ShardSet of kind "prompts" fits)."""
+    """What the source reads per prompt row: token ids and gold answer (a ShardSet of kind "prompts" fits), and
+    the row's metadata (id, group, gold: what a `python` reward term receives; None: {} for every row)."""
 
     ids: Callable[[int], tuple[int, ...]]
     gold: Callable[[int], str]
     groups: list[str]
+    meta: Callable[[int], dict] | None = None
 
     @classmethod
     def from_shards(cls, shards) -> "PromptSet":
         metas = [shards.meta(r) for r in range(len(shards))]
         return cls(ids=lambda r: tuple(int(t) for t in shards.sequence(int(r))[0]),
-                   gold=lambda r: metas[int(r)]["gold"], groups=[str(m["group"]) for m in metas])
+                   gold=lambda r: metas[int(r)]["gold"], groups=[str(m["group"]) for m in metas],
+                   meta=lambda r: dict(metas[int(r)]))

@@ -42,6 +42,8 @@ from align.rl.advantages import AdvantageConfig, group_advantages, zero_variance
 from align.rl.assembly import assemble, plan_windows, row_lengths, select_rows, window_seed
 from align.rl.curriculum import PromptCurriculum
 from align.eval.prompts import PromptSet  # also imported from here by the stages and tests
+from align.rl.reward_models import score_model_terms
+from align.rl.reward_terms import TermInput
 from align.rl.rewards import CompositeReward
 from align.rl.stage_config import DynamicSamplingConfig, RolloutShape
 from align.rl.step_credit import StepCreditConfig, step_advantages
@@ -158,6 +160,8 @@ class GrpoBatchSource:
         counts = dict.fromkeys(("rollout/groups_generated", "rollout/groups_zero_var", "rollout/groups_easy",
                                 "rollout/groups_invalid",
                                 "rollout/gen_tokens", "rollout/reward_sum", "rollout/samples"), 0.0)
+        for label in self.reward.labels:  # per-term sums over the same samples as reward_sum, and failures
+            counts[f"rollout/term_sum/{label}"] = counts[f"rollout/term_failures/{label}"] = 0.0
         rounds = 0
         while len(kept) < need:
             filtering = self.dynamic.enabled and rounds <= self.dynamic.max_rounds
@@ -174,6 +178,12 @@ class GrpoBatchSource:
                 if g.valid:  # every valid group, kept or dropped: the policy's reward on fresh prompts
                     counts["rollout/reward_sum"] += sum(g.totals)
                     counts["rollout/samples"] += len(g.samples)
+                    for s in g.samples:
+                        for label, value in s.reward.terms:
+                            counts[f"rollout/term_sum/{label}"] += value
+                for s in g.samples:
+                    for label in s.reward.failures:
+                        counts[f"rollout/term_failures/{label}"] += 1.0
                 if not g.valid:
                     counts["rollout/groups_invalid"] += 1
                 elif filtering and bool(zero_variance(torch.tensor([g.totals]))[0]):
@@ -201,11 +211,16 @@ class GrpoBatchSource:
             if res.weight_version != version:
                 raise RuntimeError(f"GRPO rollout {self.rollouts}: a sample came from weight version "
                                    f"{res.weight_version}, the policy is at {version}; the engine was not updated")
-            text = self.decode(list(res.completion_ids))
-            reward = self.reward(text, self.prompts.gold(res.request_id), len(res.completion_ids), res.finish_reason)
+        meta = self.prompts.meta or (lambda row: {})
+        items = [TermInput(self.decode(list(res.completion_ids)), self.prompts.gold(res.request_id),
+                           len(res.completion_ids), res.finish_reason,
+                           self.decode(list(res.prompt_ids)) if self.reward.needs_prompt else "",
+                           meta(res.request_id)) for res in batch.results]
+        for res, reward in zip(batch.results, self.reward.score_many(items)):
             by_row[res.request_id].append(ScoredSample(res.request_id, res.prompt_ids, res.completion_ids,
                                                        res.logprobs, res.finish_reason, res.weight_version, reward))
-        return [Group(row, tuple(by_row[row])) for row in rows]
+        groups = [Group(row, tuple(by_row[row])) for row in rows]
+        return score_model_terms(groups, self.reward, self.shape.micro_batch_size)
 
     def _trim(self, plan: list[list[torch.Tensor]], dropped: torch.Tensor
               ) -> tuple[list[list[torch.Tensor]], list[torch.Tensor]]:

@@ -66,9 +66,14 @@ def token_advantages(batch: dict) -> torch.Tensor:
 
 def rollout_metrics(sums: dict[str, float]) -> dict[str, float]:
     """The batch source's `rollout/*` columns: `rollout/reward_mean`, the sampled policy's reward over every valid
-    generated group (NaN on a step that sampled nothing); timings (`*_s`) per rank; counts as summed."""
+    generated group (NaN on a step that sampled nothing), and `rollout/term_mean/<label>` each reward term's
+    unweighted mean over the same samples; timings (`*_s`) per rank; counts as summed."""
     samples = sums.get("rollout/samples")
     out = {"rollout/reward_mean": sums.get("rollout/reward_sum", 0.0) / samples if samples else float("nan")}
+    for key, value in sums.items():  # each reward term's mean over the same samples (align.rl.reward_terms)
+        if key.startswith("rollout/term_sum/"):
+            out["rollout/term_mean/" + key.removeprefix("rollout/term_sum/")] = value / samples if samples else \
+                float("nan")
     ranks = sums.get("rollout/ranks") or 1.0
     for key, value in sums.items():
         if key.startswith("rollout/") and key != "rollout/ranks":

@@ -47,6 +47,26 @@ def reward_curve(history: str | os.PathLike, fraction: float = 0.25, key: str = 
             "steps": len(history), "reward_points": len(rows), "reward_key": key}
 
 
+TERM_MEAN, TERM_FAILURES = "rollout/term_mean/", "rollout/term_failures/"
+
+
+def reward_terms(history: str | os.PathLike, fraction: float = 0.25) -> dict[str, dict]:
+    """Each reward term's unweighted mean (align.rl.reward_terms) over the run, from the history's
+    `rollout/term_mean/<label>` columns: `mean` over every logged point, `first` / `last` over the first and the
+    last `fraction` of them (as the reward curve), and `failures` (the term's failed calls, rewarded 0)."""
+    history = read_history(history)
+    labels = sorted({k.removeprefix(TERM_MEAN) for r in history for k in r if k.startswith(TERM_MEAN)})
+    out = {}
+    for label in labels:
+        values = [r[TERM_MEAN + label] for r in history if isinstance(r.get(TERM_MEAN + label), (int, float))]
+        k = max(1, int(len(values) * fraction))
+        out[label] = {"mean": sum(values) / len(values) if values else math.nan,
+                      "first": sum(values[:k]) / k if values else math.nan,
+                      "last": sum(values[-k:]) / k if values else math.nan, "points": len(values),
+                      "failures": sum(r.get(TERM_FAILURES + label) or 0.0 for r in history)}
+    return out
+
+
 @dataclass(frozen=True)
 class ReceiptEvals:
     """Greedy evaluations of the current weights (through `client`): {"heldout": ..., ["trained": ...]}, each
@@ -79,11 +99,13 @@ def heldout_receipt(before: dict[str, dict], after: dict[str, dict], start_check
                     history: str | os.PathLike) -> dict:
     """An RL stage's metrics.json (the receipt's metrics), from ReceiptEvals before and after training: held-out
     greedy accuracy of the start and of the result, per level, the paired gain with its interval, stop rates, the
-    start checkpoint's hash, the reward curve above, and with trained-prompt evaluations the same accuracy block
+    start checkpoint's hash, the reward curve above, each reward term's means (`reward_terms`), and with
+    trained-prompt evaluations the same accuracy block
     on them (`trained_*`). The GRPO and PPO stages' receipt."""
     b, a = before["heldout"], after["heldout"]
     out = {"heldout_rows": int(b["n"]), **accuracy_block(b, a), "start_stop_rate": b["stop_rate"],
-           "stop_rate": a["stop_rate"], "start_checkpoint": start_checkpoint, **reward_curve(history)}
+           "stop_rate": a["stop_rate"], "start_checkpoint": start_checkpoint, **reward_curve(history),
+           "reward_terms": reward_terms(history)}
     if "trained" in before:
         out.update({"trained_rows": int(before["trained"]["n"]),
                     **accuracy_block(before["trained"], after["trained"], "trained_")})

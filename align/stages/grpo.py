@@ -28,7 +28,7 @@ from align.eval.canary import Canary
 from align.rl.curriculum import PromptCurriculum
 from align.rl.grpo_module import GrpoTrainModule
 from align.rl.report import fit_with_receipt, receipt_evals
-from align.rl.rewards import CompositeReward
+from align.rl.reward_models import build_reward
 from align.rl.stage_config import GrpoStageConfig
 from align.rl.stage_inputs import open_rl_stage
 from align.rl.token_logprobs import completion_logprobs
@@ -69,8 +69,10 @@ def main() -> int:
                                 moe_aux=cfg.moe_aux, stage="grpo")
     prompt_set, decode = PromptSet.from_shards(prompts), (lambda ids: tok.decode(ids, skip_special_tokens=True))
     needs_ref = cfg.loss.kl_beta > 0 or cfg.reward.kl_coef > 0
+    reward, reward_inputs = build_reward(cfg.reward, cfg.shape.max_new_tokens, runs, tok,
+                                         DTYPES[cfg.data.model_dtype], device())  # [reward] terms' models
     source = GrpoBatchSource(
-        prompt_set, client, decode, CompositeReward(cfg.reward, cfg.shape.max_new_tokens),
+        prompt_set, client, decode, reward,
         PromptCurriculum(prompt_set.groups, cfg.curriculum, cfg.run.seed, rank(), world_size()), cfg.shape,
         cfg.dynamic_sampling, cfg.advantage, seed=cfg.run.seed, eos_id=tok.eos_id,
         policy_version=lambda: module.version,
@@ -86,7 +88,7 @@ def main() -> int:
     inloop = build_inloop_eval(cfg.inloop_eval, runs, tok, module, cfg.train.max_steps, client=client)
     callbacks += [inloop] if inloop is not None else []
     callbacks += moe_callbacks(cfg.moe_aux)
-    inputs = {"start": checkpoint_content_hash(start), "prompts": prompts.digest}
+    inputs = {"start": checkpoint_content_hash(start), "prompts": prompts.digest, **reward_inputs}
     trainer = Trainer(cfg.train, module, source, run_dir, callbacks, identity=run_identity(cfg, inputs),
                       weight_format=lora_weight_format(cfg.lora, module.model, start, run_dir))  # None: no [lora]
     code = fit_with_receipt(trainer, evals, before, checkpoint_content_hash(start), run_dir, "grpo")

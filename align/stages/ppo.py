@@ -34,7 +34,7 @@ from align.rl.batch_source import PromptSet
 from align.eval.canary import Canary
 from align.rl.curriculum import PromptCurriculum
 from align.rl.report import fit_with_receipt, receipt_evals
-from align.rl.rewards import CompositeReward
+from align.rl.reward_models import build_reward
 from align.rl.stage_inputs import open_rl_stage
 from align.rl.tripwires import GrpoHealth, HealthCallback
 from align.stages.grpo import reference_scorer
@@ -73,8 +73,10 @@ def main() -> int:
             load_checkpoint(prm_dir, dtype=dtype, device=device(), cls=MistralForProcessReward),
             newline_token_ids(tok), tok.eos_id, cfg.reward.process_weight)
         inputs["process_model"] = checkpoint_content_hash(prm_dir)
+    reward, reward_inputs = build_reward(cfg.reward, cfg.shape.max_new_tokens, runs, tok, dtype, device())
+    inputs.update(reward_inputs)  # [reward] terms' models (none for the older keys)
     source = PpoBatchSource(
-        prompt_set, client, decode, CompositeReward(cfg.reward, cfg.shape.max_new_tokens),
+        prompt_set, client, decode, reward,
         PromptCurriculum(prompt_set.groups, cfg.curriculum, cfg.run.seed, rank(), world_size()), cfg.shape,
         cfg.dynamic_sampling, cfg.ppo, cfg.gae, seed=cfg.run.seed, eos_id=tok.eos_id,
         policy_version=lambda: module.version,

@@ -30,7 +30,9 @@ def test_a_rollout_becomes_minibatch_windows_of_micro_batches():
     assert [mb["input_ids"].shape[0] for mb in w1] == [3, 3, 2] == [mb["input_ids"].shape[0] for mb in w2]
     rows = torch.cat([mb["prompt_row"] for mb in w1 + w2])
     assert sorted(rows.bincount().tolist()) == [0] * (16 - 4) + [4] * 4  # 4 prompts x 4 samples
-    assert set(w1[0]["stats"]) == set(w2[0]["stats"]) == set(STAT_KEYS)
+    terms = {f"rollout/term_{kind}/{label}" for kind in ("sum", "failures")  # the [reward] keys' term list
+             for label in ("verifier", "format", "length", "truncation")}
+    assert set(w1[0]["stats"]) == set(w2[0]["stats"]) == set(STAT_KEYS) | terms
     assert w1[0]["stats"]["rollout/groups_generated"] == 4 and w2[0]["stats"]["rollout/groups_generated"] == 0
     assert "stats" not in w1[1]
     assert all(mb.get("old_from_forward") for mb in w1) and not any("old_from_forward" in mb for mb in w2)

@@ -48,24 +48,59 @@ def step_ends(completion_ids: torch.Tensor, mask: torch.Tensor, newline: torch.T
     return text & (next_nl | (positions == last_text[:, None]))
 
 
-def process_reward_scorer(model: nn.Module, newline: torch.Tensor, eos_id: int,
-                          weight: float = 1.0) -> Callable[[dict], torch.Tensor]:
-    """A frozen PRM -> micro-batch (align.rl.types layout) -> (N, C) fp32 process rewards (module doc)."""
+def _check_prm(model: nn.Module) -> None:
     model.eval().requires_grad_(False)
     if model.score.out_features != 1:
         raise ValueError(f"a process reward model has one logit per token (num_labels 1), this one has "
                          f"{model.score.out_features}")
 
+
+def step_beliefs(model: nn.Module, batch: dict, newline: torch.Tensor, eos_id: int
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(belief (N, C) = 2 sigmoid(logit) - 1 at each completion token, step ends (N, C) bool) of a frozen PRM."""
+    dev = model.score.weight.device
+    ids, start, comp = batch["input_ids"], batch["completion_start"], batch["completion_ids"]
+    mask = batch["completion_mask"]
+    ends = start + mask.sum(1).long()
+    attention = torch.arange(ids.shape[1])[None, :] < ends[:, None]
+    logits = model(ids.to(dev), attention.to(dev))[..., 0].float().cpu()  # (N, T): after reading token t
+    pos = (start[:, None] + torch.arange(comp.shape[1])[None, :]).clamp(max=ids.shape[1] - 1)
+    belief = 2.0 * torch.sigmoid(logits.gather(1, pos)) - 1.0  # (N, C) at each completion token
+    return belief, step_ends(comp, mask, newline, eos_id)
+
+
+def process_reward_scorer(model: nn.Module, newline: torch.Tensor, eos_id: int,
+                          weight: float = 1.0) -> Callable[[dict], torch.Tensor]:
+    """A frozen PRM -> micro-batch (align.rl.types layout) -> (N, C) fp32 process rewards (module doc)."""
+    _check_prm(model)
+
     @torch.no_grad()
     def scorer(batch: dict) -> torch.Tensor:
-        dev = model.score.weight.device
-        ids, start, comp = batch["input_ids"], batch["completion_start"], batch["completion_ids"]
-        mask = batch["completion_mask"]
-        ends = start + mask.sum(1).long()
-        attention = torch.arange(ids.shape[1])[None, :] < ends[:, None]
-        logits = model(ids.to(dev), attention.to(dev))[..., 0].float().cpu()  # (N, T): after reading token t
-        pos = (start[:, None] + torch.arange(comp.shape[1])[None, :]).clamp(max=ids.shape[1] - 1)
-        belief = 2.0 * torch.sigmoid(logits.gather(1, pos)) - 1.0  # (N, C) at each completion token
-        return torch.where(step_ends(comp, mask, newline, eos_id), weight * belief, torch.zeros_like(belief))
+        belief, ends = step_beliefs(model, batch, newline, eos_id)
+        return torch.where(ends, weight * belief, torch.zeros_like(belief))
+
+    return scorer
+
+
+def process_sequence_scorer(model: nn.Module, newline: torch.Tensor, eos_id: int,
+                            aggregate: str = "min") -> Callable[[dict], torch.Tensor]:
+    """A frozen PRM -> micro-batch -> (N,) one score per completion: its step beliefs aggregated ("min": the
+    weakest step, "mean", "last": the final step's); 0 for a completion with no step. GRPO's (and PPO's)
+    `process_reward_model` term (align.rl.reward_terms): a sequence reward, where `[reward] process_model` gives
+    PPO the same beliefs per token."""
+    _check_prm(model)
+
+    @torch.no_grad()
+    def scorer(batch: dict) -> torch.Tensor:
+        belief, ends = step_beliefs(model, batch, newline, eos_id)
+        n = ends.sum(1)
+        if aggregate == "min":
+            out = torch.where(ends, belief, torch.full_like(belief, float("inf"))).min(1).values
+        elif aggregate == "mean":
+            out = torch.where(ends, belief, torch.zeros_like(belief)).sum(1) / n.clamp(min=1)
+        else:  # "last": the belief at the last step end
+            last = torch.where(ends, torch.arange(ends.shape[1]).expand_as(ends), -1).max(1).values
+            out = belief.gather(1, last.clamp(min=0)[:, None])[:, 0]
+        return torch.where(n > 0, out, torch.zeros_like(out))
 
     return scorer

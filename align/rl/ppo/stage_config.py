@@ -43,7 +43,8 @@ class PpoConfig:
 
 @dataclass(frozen=True)
 class PpoRewardConfig(RewardConfig):
-    """[reward] table of PPO: GRPO's terms (align.rl.rewards), plus an optional reward model's score."""
+    """[reward] table of PPO: GRPO's terms (align.rl.rewards, align.rl.reward_terms: a `reward_model` or
+    `process_reward_model` term works here too), or the older keys plus an optional reward model's score."""
 
     model: str = ""  # a reward model under <runs> (the `rm_checkpoint` rung: "rm_checkpoint/final"); "": none
     model_weight: float = 1.0  # total = CompositeReward's total + model_weight * the model's score
@@ -54,6 +55,9 @@ class PpoRewardConfig(RewardConfig):
 
     def __post_init__(self):
         super().__post_init__()
+        if self.terms is not None and (self.model or self.process_model):
+            raise ValueError("PpoRewardConfig: with `terms`, give the reward model as a `reward_model` term (a "
+                             "sequence reward; `process_model` is PPO's per-token PRM reward, the older spelling)")
         if self.model and not self.model_weight > 0:
             raise ValueError(f"PpoRewardConfig.model_weight must be > 0 with a reward model, got {self.model_weight}")
         if self.process_model and not self.process_weight > 0:

@@ -173,7 +173,7 @@ def load_weights_into(model, dir: str | os.PathLike, *, ignore_missing: tuple[st
 
 
 def _head_kwargs(cls, ckpt: Path) -> dict:
-    if cls is not MistralForProcessReward:
+    if not issubclass(cls, MistralForProcessReward):  # every family's token-classification head
         return {}
     raw = json.loads((ckpt / CONFIG_FILE).read_text())
     return {"num_labels": len(raw.get("id2label") or {"0": "LABEL_0"})}
@@ -182,15 +182,18 @@ def _head_kwargs(cls, ckpt: Path) -> dict:
 def load_checkpoint(dir: str | os.PathLike, *, dtype: torch.dtype = torch.float32, device="cpu",
                     attn: AttentionConfig | None = None, cls=None):
     """Build the model from config.json and load its weights. The family comes from config.json's model_type;
-    `cls` (default: the family's causal LM) must be one of that family's models. Parameters are allocated once,
+    `cls` (default: the family's causal LM) names the head: that family's model of the same role
+    (`Family.model_like`: MistralForValueHead loads a Qwen 2 reward model as Qwen2ForValueHead). Parameters are
+    allocated once,
     directly in `dtype` on `device` (meta-device build), and filled tensor by tensor: never two full copies."""
     ckpt = resolve_checkpoint_dir(dir)
     cfg = load_hf_config(ckpt)
     family = family_of_config(cfg)
-    cls = family.causal_lm if cls is None else cls
-    if cls not in family.models:
+    try:  # a head class of another family names the role: this family's model of the same head is built
+        cls = family.causal_lm if cls is None else family.model_like(cls)
+    except CheckpointError:
         raise CheckpointError(f"{ckpt}: a {family.name} checkpoint cannot be loaded as {cls.__name__} "
-                              f"(family models: {[m.__name__ for m in family.models]})")
+                              f"(family models: {[m.__name__ for m in family.models]})") from None
     with torch.device("meta"):
         model = cls(cfg, attn, init=False, **_head_kwargs(cls, ckpt)).to(dtype)
     model = model.to_empty(device=device)

@@ -40,11 +40,12 @@ def randomize(model, seed: int = 0):
     return model
 
 
-def dense_model(family: str, seed: int = 0, cls=None, **overrides):
+def dense_model(family: str, seed: int = 0, cls=None, num_labels: int | None = None, **overrides):
     cfg = dense_config(family, **overrides)
     torch.manual_seed(seed)
     cls = cls or FAMILIES[family].causal_lm
-    return randomize(cls(cfg), seed).eval()
+    model = cls(cfg) if num_labels is None else cls(cfg, num_labels=num_labels)
+    return randomize(model, seed).eval()
 
 
 def hf_twin(model, cls_name: str | None = None):

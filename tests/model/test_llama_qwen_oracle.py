@@ -119,11 +119,15 @@ def test_heads_load_in_transformers_classification_models(tmp_path, family):
     ids = random_ids(value.config, 2, 12)
     ref = twin.score(twin.model(ids).last_hidden_state).squeeze(-1)
     assert close(value(ids), ref)
-    assert type(load_checkpoint(out, cls=fam.models[1])) is type(value)
-    prm = dense_model(family, cls=fam.models[2])
+    for named in (fam.models[1], FAMILIES["mistral"].models[1]):  # a stage naming Mistral's critic class
+        loaded = load_checkpoint(out, cls=named)
+        assert type(loaded) is type(value) and torch.equal(loaded(ids), value(ids))
+    prm = dense_model(family, cls=fam.models[2], num_labels=2)
     twin = transformers.AutoModelForTokenClassification.from_pretrained(save_checkpoint(prm, tmp_path / "p")).eval()
     assert type(twin).__name__ == prm.hf_architecture
     assert close(prm(ids), twin(ids).logits)
+    loaded = load_checkpoint(tmp_path / "p", cls=FAMILIES["mistral"].models[2])
+    assert type(loaded) is type(prm) and loaded.num_labels == 2 and torch.equal(loaded(ids), prm(ids))
 
 
 @pytest.mark.parametrize("family", FAMILY_NAMES)

@@ -41,7 +41,6 @@ from align.inference.receipts import checkpoint_identity
 from align.model.checkpoint import DTYPES, load_checkpoint, load_tokenizer
 from align.profile import CommonConfig
 from align.rl.rewards import CompositeReward, RewardConfig
-from align.tokenizer.chat import encode_prompt
 from align.utils.dist import device
 from align.utils.fsio import atomic_write_json, publish_dir, staging_dir
 from align.utils.manifest import manifest_digest, read_manifest, write_manifest
@@ -82,7 +81,7 @@ def problems_of(pairs: list[PreferencePair], tok, source: Path) -> list[Problem]
         if gold is None:
             raise DataError(f"{source / RECORDS}: row {row} (id {pair.id!r}): the chosen response has no \\boxed{{}} "
                             f"answer; on-policy pairs need a verifiable gold answer in every chosen response")
-        ids = encode_prompt(tok, messages_plain(pair.prompt))
+        ids = tok.encode_prompt(messages_plain(pair.prompt))  # the tokenizer directory's own chat format
         out.append(Problem(row, pair.id, pair.group, gold, tuple(ids)))
     return out
 

@@ -3,6 +3,8 @@ bound to their weights; one source builds exactly the shards it built before mix
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +16,8 @@ from align.data.order import epoch_order
 from align.data.shard_build import ShardBuildConfig, build_mixture_shards, build_shards
 from align.data.store import ShardSet
 from align.exceptions import ArtifactError, ConfigError
+from align.exit_codes import run_with_exit_codes
+from align.stages import shards as stage
 from align.stages.pair_data import RowSubset
 from align.tokenizer import TokenizerConfig
 from conftest import _ingest, pair_rows, sft_rows
@@ -156,3 +160,25 @@ def test_mixture_config_is_checked():
         MixtureConfig(sources={})
     with pytest.raises(ValueError, match="'a': weight must be > 0"):
         MixtureConfig(sources={"a": 0.0})
+
+
+def test_the_shards_worker_builds_a_mixture_split_and_reports_its_shares(parts, tmp_path, monkeypatch):
+    """`[mixtures.<split>]` of shards.toml through the worker: the split's metrics (its receipt) hold the shares."""
+    runs = tmp_path / "runs"
+    for name in ("alpha", "gamma"):  # where the worker looks for an ingest source's records
+        shutil.copytree(parts[name], runs / "ingest" / name / "out")
+    (tmp_path / "shards.toml").write_text(
+        '[splits]\nplain = "alpha"\n\n[mixtures.mix]\nsources = { alpha = 1.0, gamma = 3.0 }\nmax_repetition = 2.0\n'
+        '\n[build]\nworkers = 1\n')
+    monkeypatch.setenv("ALIGN_RUNS_DIR", str(runs))
+    monkeypatch.setenv("ALIGN_RUN_DIR", str(tmp_path / "run"))
+    monkeypatch.setattr("sys.argv", ["shards", "--config", str(tmp_path / "shards.toml"), "split=mix"])
+    assert run_with_exit_codes(stage.main) == 0
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    shares = {e["name"]: (e["target_share"], e["realised_share"], e["epoch_rows"])
+              for e in metrics["mixture"]["sources"]}
+    assert shares == {"alpha": (0.25, 33 / 131, 33), "gamma": (0.75, 98 / 131, 98)}  # 130 rows: ceil(32.5), ceil(97.5)
+    assert metrics["rows"] == 130 and ShardSet.open(tmp_path / "run" / "out").mixture.names == ("alpha", "gamma")
+    (tmp_path / "shards.toml").write_text(
+        '[splits]\nmix = "alpha"\n\n[mixtures.mix]\nsources = { alpha = 1.0 }\n')
+    assert run_with_exit_codes(stage.main) != 0  # a split in both tables is refused

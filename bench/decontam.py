@@ -28,7 +28,8 @@ from align.data.ingest_parquet import SourceConfig, ingest_source, iter_records 
 from align.data.schema import Conversation, Message  # noqa: E402
 from align.data.synthetic_corpus import documents  # noqa: E402
 
-SFT = SourceConfig(path="data/raw/math_sft.parquet", kind="sft", format="messages", id_column="id", group_column="level")
+SFT = SourceConfig(path="data/raw/math_sft.parquet", kind="sft", format="messages", id_column="id",
+                   group_column="level")
 RL = SourceConfig(path="data/raw/math_rl.parquet", kind="prompts", format="prompt_answer", id_column="id")
 
 

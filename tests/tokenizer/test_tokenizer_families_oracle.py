@@ -152,3 +152,15 @@ def test_untranslatable_pre_tokenizer_regex_is_refused_by_field(tmp_path):
     (tmp_path / "tokenizer.json").write_text(json.dumps(spec), encoding="utf-8")
     with pytest.raises(NotImplementedError, match=r"tokenizer\.json: pre_tokenizer\.pretokenizers\[0\]\.pattern\.Regex"):
         Tokenizer.from_pretrained(str(tmp_path))
+
+
+def test_offsets_with_trimming_and_normalized_added_tokens(tmp_path):
+    """The GPT-2/OLMo layout: ByteLevel pre-tokenizer with its own regex, NFC, added tokens matched on the
+    normalized text, and a ByteLevel post-processor that trims spaces from offsets (trim_offsets=true)."""
+    from test_tokenizer_byte_level_oracle import gpt2_style
+
+    hf = gpt2_style(add_prefix_space=False)
+    assert json.loads(hf.to_str())["post_processor"]["trim_offsets"] is True
+    hf.save(str(tmp_path / "tokenizer.json"))
+    ours = Tokenizer.from_pretrained(str(tmp_path))
+    _check_offsets(ours, hf, TEXTS + _combining_texts(100) + ["mail  |||EMAIL_ADDRESS|||  or |||PHONE||| \n x"])

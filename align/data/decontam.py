@@ -61,7 +61,9 @@ class DecontamConfig:
 
 
 def words(text: str) -> list[str]:
-    return _WORD.findall(unicodedata.normalize("NFKC", text).casefold())
+    if not text.isascii():  # NFKC leaves ASCII as it is: skip it for the common case
+        text = unicodedata.normalize("NFKC", text)
+    return _WORD.findall(text.casefold())
 
 
 def grams(tokens: list[str], n: int) -> set[tuple[str, ...]]:

@@ -114,10 +114,11 @@ def save_checkpoint(root: str | os.PathLike, step: int, *, weights: dict[str, to
 
 def disk_plan(model: torch.nn.Module, keep_last: int) -> tuple[int, str]:
     """(bytes, how) a training run will write at most: `keep_last` checkpoints kept plus one being staged before the
-    oldest is pruned, each the weights plus AdamW's two fp32 moments per trainable parameter (an upper bound for the
-    8-bit and offloaded optimizers), plus the final weights."""
+    oldest is pruned, each the weights plus three fp32 tensors per trainable parameter (offload_adamw's master and
+    two moments, the largest state: an upper bound for AdamW's two moments and the 8-bit ones), plus the final
+    weights."""
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
-    moments = 2 * 4 * sum(p.numel() for p in model.parameters() if p.requires_grad)
+    moments = 3 * 4 * sum(p.numel() for p in model.parameters() if p.requires_grad)
     ckpt = weights + moments
     need = ckpt * (keep_last + 1) + weights
     return need, (f"checkpoint {ckpt} bytes (weights {weights} + optimizer {moments}) x (keep_last {keep_last} + 1 "

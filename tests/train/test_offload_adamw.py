@@ -168,4 +168,12 @@ def test_two_gloo_ranks_fsdp_equal_one_process_and_resume_bitwise(tmp_path):
         for k in expected:
             torch.testing.assert_close(got["full"][k], expected[k], rtol=0, atol=1e-6, msg=f"{optimizer} {k}")
     assert_bitwise_equal(got["full"], got["resumed"])
-    assert got["state_numel"] * 2 == got["model_numel"]  # each rank's host state is half: its own shard
+    # each rank's host state is exactly its own FSDP2 shard, and rank 0's is the one align.plan counts per rank
+    from align.plan import param_shapes, shard_numel
+    from train_helpers import tiny_config
+
+    shapes = param_shapes(tiny_config(vocab_size=257))
+    assert [c["state"] for c in got["counts"]] == [c["local"] for c in got["counts"]]
+    assert got["counts"][0]["local"] == sum(shard_numel(s, 2) for s in shapes)
+    assert sum(c["local"] for c in got["counts"]) == sum(torch.Size(s).numel() for s in shapes)
+    assert got["counts"][0]["local"] > got["counts"][1]["local"]  # the uneven split is really exercised

@@ -42,7 +42,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-HARNESS = Path(__file__).with_name("harness.py")
+from align.sandbox import harness
+
+HARNESS = Path(harness.__file__)  # run as a script in the child; imported here so that it counts in code digests
 NOBODY = 65534
 
 

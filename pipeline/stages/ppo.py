@@ -9,17 +9,18 @@ from pathlib import Path
 
 from pipeline.layout import StageCtx
 from pipeline.stage import StageSpec
-from pipeline.stages.grpo import DEFAULTS  # the same inputs as GRPO's
+from pipeline.stages.grpo import DEFAULTS, reward_term_manifests  # the same inputs as GRPO's
 from pipeline.stages.ingest import inloop_manifests, stage_table, table_manifests
 
 
 def _inputs(ctx: StageCtx) -> list[Path]:
     """GRPO's inputs, the in-loop sets, and the reward model's (and the process reward model's) manifest when
-    `[reward] model` (`process_model`) names one (so doit builds it first)."""
+    `[reward] model` (`process_model`) names one, or a `[reward] terms` model term does (so doit builds it first)."""
     reward = stage_table(ctx.layout, "ppo.toml", "reward")
     rm = [ctx.layout.runs / reward[key] / "manifest.json" for key in ("model", "process_model")
           if isinstance(reward.get(key), str) and reward[key]]
-    return table_manifests(ctx.layout, "ppo.toml", "data", DEFAULTS) + inloop_manifests(ctx.layout, "ppo.toml") + rm
+    return (table_manifests(ctx.layout, "ppo.toml", "data", DEFAULTS) + inloop_manifests(ctx.layout, "ppo.toml") + rm
+            + reward_term_manifests(ctx, "ppo.toml"))
 
 
 STAGE = StageSpec(

@@ -7,6 +7,7 @@ family, so a new family enters here and nowhere else.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
@@ -112,9 +113,13 @@ def family_of_model(model) -> Family:
     raise CheckpointError(f"no model family has model class {type(model).__name__}")
 
 
-def from_scratch(init: MistralConfig, moe: ExpertLayout | None = None):
-    """A freshly initialised causal LM of a stage's [model.init] shape (its config's family: a Qwen3Config makes
-    a Qwen 3); a [model.moe] table makes it OLMoE."""
-    if moe is None:
-        return family_of_config(init).causal_lm(init)
-    return olmoe_from_layout(init, moe)
+def from_scratch(init: MistralConfig, moe: ExpertLayout | None = None, family: str | None = None):
+    """A freshly initialised causal LM of a stage's [model.init] shape; a [model.moe] table makes it OLMoE, a
+    dense `family` ("qwen3", "llama", ...) that family's model of the same shape (default: the config's own)."""
+    if moe is not None:
+        if family not in (None, "olmoe"):
+            raise CheckpointError(f"[model.moe] makes an OLMoE model; [model] family = {family!r} contradicts it")
+        return olmoe_from_layout(init, moe)
+    if family is not None:
+        init = family_named(family, "[model] family").spec.cls(**dataclasses.asdict(init))
+    return family_of_config(init).causal_lm(init)

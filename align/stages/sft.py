@@ -57,6 +57,7 @@ class SftModelConfig:
     base: str = ""  # HF checkpoint directory (e.g. a Mistral-7B-v0.3 snapshot); empty: initialise [model.init]
     init: MistralConfig = field(default_factory=MistralConfig)  # shape of a from-scratch model
     moe: ExpertLayout | None = None  # [model.moe]: a from-scratch model with these experts (OLMoE family)
+    family: str | None = None  # a from-scratch model of this family (align.model.family, e.g. "qwen3"); None: Mistral
     dtype: Literal["float32", "bfloat16"] = "float32"  # parameter dtype (bf16 pairs with adamw8bit)
 
 
@@ -91,7 +92,7 @@ def build_model(cfg: SftStageConfig) -> MistralForCausalLM:
     seed_all(cfg.run.seed)  # every stream seeded: the same initial weights on every rank and every attempt
     if cfg.model.base:
         return load_checkpoint(cfg.model.base, dtype=dtype, device=device())
-    return from_scratch(cfg.model.init, cfg.model.moe).to(device=device(), dtype=dtype)
+    return from_scratch(cfg.model.init, cfg.model.moe, cfg.model.family).to(device=device(), dtype=dtype)
 
 
 def build_module(cfg, model: MistralForCausalLM, stage: str = "sft") -> SftTrainModule:

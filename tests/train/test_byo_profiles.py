@@ -89,3 +89,40 @@ def test_plan_shape_is_the_published_model(profile):
     with torch.device("meta"):
         model = FAMILIES[family].causal_lm(cfg, init=False)
     assert sum(p.numel() for p in model.parameters()) == params
+
+
+def test_qwen3_tiny_is_a_qwen3_over_its_own_tokenizer():
+    """The CPU ladder on a second family: every task's config loads, the from-scratch policy is a Qwen 3 whose head
+    has a row per piece of the trimmed Qwen 3 tokenizer, and its pad / eos ids are that tokenizer's."""
+    from align.stages.onpolicy_pairs import OnPolicyStageConfig
+    from align.stages.sft import build_model
+    from align.tokenizer import Tokenizer
+
+    layout = Layout(Project(), "qwen3_tiny")
+    configs = {**WORKER_CONFIGS, "align.stages.onpolicy_pairs": OnPolicyStageConfig}
+    for spec in discover():
+        for ctx in spec.contexts(layout):
+            if spec.config_path(ctx).is_file():
+                load_config(spec.config_path(ctx), configs[spec.worker], list(spec.args(ctx)))
+    sft = load_config(ROOT / "configs" / "qwen3_tiny" / "sft.toml", SftStageConfig)
+    tok = Tokenizer.from_config(sft.tokenizer)
+    model = build_model(sft)
+    assert type(model) is FAMILIES["qwen3"].causal_lm and model.config.qk_norm == "head"
+    assert model.config.vocab_size == tok.vocab_size == 565
+    assert model.config.pad_token_id == tok.token_to_id("<|endoftext|>")
+    assert model.config.eos_token_id == tok.eos_id == tok.token_to_id("<|im_end|>")
+    enc = tok.encode_chat([{"role": "user", "content": "What is 2 + 3?"},
+                           {"role": "assistant", "content": "2 + 3 = 5. The answer is \\boxed{5}."}])
+    assert tok.decode([i for i, m in zip(enc.ids, enc.loss_mask) if m]).startswith("<think>\n\n</think>\n\n2 + 3")
+
+
+def test_from_scratch_family_and_moe_contradict():
+    from align.exceptions import CheckpointError
+    from align.model.family import from_scratch
+    from align.model.olmoe import ExpertLayout
+
+    init = load_config(ROOT / "configs" / "qwen3_tiny" / "sft.toml", SftStageConfig).model.init
+    with pytest.raises(CheckpointError, match="family"):
+        from_scratch(init, ExpertLayout(), "qwen3")
+    with pytest.raises(CheckpointError, match="model_type is 'gemma'"):
+        from_scratch(init, None, "gemma")

@@ -158,6 +158,17 @@ def fused_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, label
     weight: (V, D), the LM head (tied or not). Labels equal to `ignore_index` are skipped before any GEMM.
     workspace: buffers to reuse across calls (a TrainModule's); None allocates them for this call only.
     kernel: "auto" | "native" | "torch" | "triton", where the per-row passes run (`rows_kernel`)."""
+    return fused_head(hidden, weight, labels, rows_kernel(kernel, hidden.device), z_loss_weight=z_loss_weight,
+                      chunk_size=chunk_size, ignore_index=ignore_index, workspace=workspace)
+
+
+def fused_head(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, row_impl: str, *,
+               z_loss_weight: float = 0.0, chunk_size: int = 1024, ignore_index: int = IGNORE_INDEX,
+               workspace: CEWorkspace | None = None) -> FusedCEOutput:
+    """`fused_linear_cross_entropy` with the row passes named outright ("native" | "triton" | "torch"), no selection:
+    what the equivalence gate (align/model/kernel_gates.py) runs on both sides."""
+    if row_impl not in ("native", "triton", "torch"):
+        raise ValueError(f"row_impl must be 'native', 'triton' or 'torch', got {row_impl!r}")
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     flat_h = hidden.reshape(-1, hidden.shape[-1])  # shape: (N, D)
@@ -172,8 +183,7 @@ def fused_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, label
     grad_on = torch.is_grad_enabled()  # NOTE: Function.forward always runs with grad off; decide out here
     loss, ce, z, ent = _FusedLinearCE.apply(rows, weight, targets, float(z_loss_weight), int(chunk_size),
                                             grad_on and rows.requires_grad, grad_on and weight.requires_grad,
-                                            workspace if workspace is not None else CEWorkspace(),
-                                            rows_kernel(kernel, hidden.device))
+                                            workspace if workspace is not None else CEWorkspace(), row_impl)
     return FusedCEOutput(loss=loss, ce_sum=ce, z_sum=z, entropy_sum=ent, tokens=int(targets.numel()))
 
 

@@ -111,6 +111,15 @@ def next_token_labels(labels: torch.Tensor, ignore_index: int = IGNORE_INDEX) ->
 def sequence_logprobs(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, *, chunk_size: int = 1024,
                       ignore_index: int = IGNORE_INDEX, kernel: str = "auto") -> SequenceLogprobs:
     """Summed log p(labels) per sequence. hidden (B, T, D), weight (V, D), labels (B, T) aligned with hidden."""
+    fp32_rows = _acc_dtype(hidden) == torch.float32  # fp64 (tests, gradcheck): torch, unless asked otherwise
+    use_triton = (fp32_rows or kernel == "triton") and select.resolve("seq_logprob", kernel, hidden.device) == "triton"
+    return sequence_logprobs_rows(hidden, weight, labels, use_triton, chunk_size=chunk_size, ignore_index=ignore_index)
+
+
+def sequence_logprobs_rows(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, use_triton: bool, *,
+                           chunk_size: int = 1024, ignore_index: int = IGNORE_INDEX) -> SequenceLogprobs:
+    """`sequence_logprobs` with the row passes named outright (Triton or torch), no selection: what the equivalence
+    gate (align/model/kernel_gates.py) runs on both sides."""
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     if hidden.shape[:2] != labels.shape:
@@ -122,9 +131,7 @@ def sequence_logprobs(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.
     if targets.numel() and (int(targets.min()) < 0 or int(targets.max()) >= weight.shape[0]):
         raise ValueError(f"labels must lie in [0, {weight.shape[0]}) or equal {ignore_index}")
     rows = hidden.reshape(b * t, -1).index_select(0, keep)  # (n, D)
-    fp32_rows = _acc_dtype(hidden) == torch.float32  # fp64 (tests, gradcheck): torch, unless asked otherwise
-    use_triton = (fp32_rows or kernel == "triton") and select.resolve("seq_logprob", kernel, hidden.device) == "triton"
-    if use_triton and not fp32_rows:
+    if use_triton and _acc_dtype(hidden) != torch.float32:
         raise ValueError(f"the Triton log-prob rows accumulate in fp32; hidden is {hidden.dtype}")
     logp = _ChunkedTokenLogprob.apply(rows, weight, targets, int(chunk_size), use_triton)  # (n,)
     seq = torch.div(keep, t, rounding_mode="floor")

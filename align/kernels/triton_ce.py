@@ -19,10 +19,7 @@ import torch
 
 from align.kernels import triton_rt
 
-try:
-    import triton.language as tl
-except ImportError:  # the optional extra is absent: nothing here is called (triton_rt.require says why)
-    tl = None
+tl = None  # triton.language, bound by triton_rt.jit at the first launch (Triton is an optional extra)
 
 BLOCK = 4096  # vocabulary elements per step of a row's loop (4096 fp32 = 16 KiB of registers over 8 warps)
 

@@ -16,10 +16,7 @@ import torch
 
 from align.kernels import triton_rt
 
-try:
-    import triton.language as tl
-except ImportError:  # the optional extra is absent: nothing here is called (triton_rt.require says why)
-    tl = None
+tl = None  # triton.language, bound by triton_rt.jit at the first launch (Triton is an optional extra)
 
 
 def _rope_kernel(x_ptr, c_ptr, s_ptr, y_ptr, heads, half, sx, sy, BACKWARD: tl.constexpr,

@@ -5,21 +5,20 @@ a CUDA device, or on CPU tensors under Triton's interpreter (`TRITON_INTERPRET=1
 machine without a GPU). NOTE: the interpreter computes bf16 arithmetic wrongly (upstream), so every kernel converts a
 loaded value to fp32 right after `tl.load` and rounds only when it stores; that is also what the GPU code does.
 
-Kernels are plain functions wrapped by `jit` on first launch, not decorated at import: `triton.jit` decides between
-the compiler and the interpreter from `TRITON_INTERPRET` when it wraps, so a test that sets the variable after
-align was imported still gets the interpreter, and importing align never imports more of Triton than its package."""
+Kernels are plain functions wrapped by `jit` at their first launch, and Triton itself is imported only then (the
+kernel modules' `tl` is bound at that moment): Triton decides between the compiler and the interpreter from
+`TRITON_INTERPRET` when a function is wrapped, its own library functions (tl.zeros, tl.sum, ...) when
+triton.language is imported. So importing align never imports Triton, and a test that sets the variable before its
+first launch gets the interpreter throughout."""
 
 from __future__ import annotations
 
 import os
+import importlib.metadata
+import importlib.util
 from functools import lru_cache
 
 import torch
-
-try:  # the optional extra; everything here answers "unavailable" without it
-    import triton
-except ImportError:
-    triton = None
 
 INTERPRET_ENV = "TRITON_INTERPRET"
 
@@ -29,7 +28,7 @@ class TritonUnavailable(RuntimeError):
 
 
 def installed() -> bool:
-    return triton is not None
+    return importlib.util.find_spec("triton") is not None
 
 
 def interpreting() -> bool:
@@ -60,11 +59,20 @@ def require(dev: torch.device) -> None:
 
 
 def version() -> str:
-    return triton.__version__ if installed() else "none"
+    return importlib.metadata.version("triton") if installed() else "none"
 
 
 @lru_cache(maxsize=None)
 def _jit(fn, interpret: bool):
+    # NOTE: the optional extra, imported at the first launch (see the module docstring), never at align's import
+    import triton  # noqa: PLC0415
+    import triton.language  # noqa: PLC0415
+    from triton.runtime.interpreter import InterpretedFunction  # noqa: PLC0415
+
+    if interpret and not isinstance(triton.language.zeros, InterpretedFunction):
+        raise TritonUnavailable(f"{INTERPRET_ENV}=1 was set after triton.language had been imported (its own "
+                                "functions are compiled ones): set it before anything imports Triton")
+    fn.__globals__["tl"] = triton.language
     return triton.jit(fn)
 
 

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# The whole test suite: the same set-up plus the test and oracle extras and TRL 0.24 beside the venv (the PPO oracle),
-# then pytest (default tier: everything not marked slow or gpu), then the smoke ladder (`doit profile=smoke smoke`).
+# The whole test suite: the same set-up plus the test, oracle and triton extras and TRL 0.24 beside the venv (the PPO
+# oracle), then pytest (default tier: everything not marked slow or gpu), then the smoke ladder (`doit profile=smoke smoke`).
 #   bash scripts/test.sh                 # everything
 #   bash scripts/test.sh tests/pipeline  # arguments go to pytest (the smoke ladder still runs)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/_venv.sh
-align_venv "test,oracle"
+align_venv "test,oracle,triton"  # triton: the Triton kernels' interpreter tests (tests/kernels/test_triton_kernels.py)
 align_trl_ppo_oracle  # TRL 0.24's PPO trainer beside the venv: tests/ppo/test_ppo_trl024_oracle.py
 
 set +e

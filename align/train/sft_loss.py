@@ -29,8 +29,9 @@ class SftLossConfig:
     chunk_size: int = 1024  # label tokens per logits chunk in the fused head: bounds memory at chunk x vocab x 4 B
     fused: bool = True  # false: plain full-logits head (reference path)
     # the fused head's per-row passes (softmax statistics, d loss / d logits): "native" in C (align.kernels.ce_rows),
-    # "torch" in torch ops, "auto": native on a CPU where the C build works (4x less time there), else torch
-    kernel: Literal["auto", "native", "torch"] = "auto"
+    # "torch" in torch ops, "auto": native on a CPU where the C build works (4x less time there), else Triton on CUDA
+    # once its gate passed (align.kernels.select), else torch; "triton" demands the Triton rows
+    kernel: Literal["auto", "native", "torch", "triton"] = "auto"
 
     def __post_init__(self):
         if self.z_loss_weight < 0:

@@ -99,6 +99,7 @@ _POINT_THOUSANDS = re.compile(r"-?[0-9]{1,3}(?:\.[0-9]{3})+,[0-9]+")  # `1.234,5
 _TRAILING_BREAK = re.compile(r"(?:\s*\\+)+$")  # a line break `\\` or a stray backslash after the answer
 _TRIG = re.compile(r"\\(?:sin|cos|tan|cot|sec|csc)(?![a-zA-Z])")
 _TRIG_DEGREE = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*(?:\^\s*\{?\s*\\circ\s*\}?|\\degree(?![a-zA-Z])|\u00b0)")
+_DOUBLE_COMMA = re.compile(r",(?:\s*,)+")
 _AND_OR = re.compile(r"(?<!\s)\s+(?:and|or)\s+")
 _MATH_DELIMS = re.compile(r"\\\$|\$|(?<!\\)\\[()\[\]]")
 _PERCENT = re.compile(r"\\%|(?<!\s)\s*\bpercent\b|\\percent(?![a-zA-Z])")
@@ -178,6 +179,8 @@ def clean(answer: str) -> str:
         s = _REPEATING.sub(_repeating, s)
     s = _MATH_DELIMS.sub("", s)
     s = _AND_OR.sub(", ", s)
+    if "," in s:
+        s = _DOUBLE_COMMA.sub(",", s)  # "19, 46, and 82": the Oxford comma before "and"
     s = _PERCENT.sub("%", s)
     if s.rstrip().endswith(("...", "\u2026")):  # `1, 2, 3, ...`: the list goes on; never the finite list
         return s.rstrip().rstrip(".\u2026") + "\\ldots"

@@ -62,7 +62,7 @@ def main() -> int:
         big_rate, big_hits = _rate(big, short, args.repeat)
         long_rate, long_hits = _rate(refs, long, args.repeat)
         ingest = {}
-        for label, screen in (("plain", None), ("checked", refs.screen("math_sft", SFT))):
+        for label, screen in (("plain", None), ("checked", refs.screen("math_sft", SFT.location))):
             start = time.perf_counter()
             ingest_source("math_sft", SFT, tmp / label, ROOT, screen=screen)
             ingest[label] = len(short) / (time.perf_counter() - start)

@@ -135,12 +135,13 @@ class References:
             return None
         return Match(self.labels[best], overlap)
 
-    def screen(self, name: str, src: SourceConfig) -> Screen:
-        """The check of one source's records (a source that is a reference is not checked against itself)."""
+    def screen(self, name: str, location: str) -> Screen:
+        """The check of one source's records (`location`: its path or URL as configured); a source that is a
+        reference (held out, or the file of an eval set) is not checked against itself."""
         if name in self.cfg.heldout:
             return Screen(self, skipped=f"source {name!r} is held out (decontam.heldout): it is a reference")
-        if src.location in self.locations:
-            return Screen(self, skipped=f"source {name!r} is the evaluation set {self.locations[src.location]!r}")
+        if location in self.locations:
+            return Screen(self, skipped=f"source {name!r} is the evaluation set {self.locations[location]!r}")
         return Screen(self)
 
 

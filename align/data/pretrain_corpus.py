@@ -11,7 +11,11 @@ A row whose text is missing, not a string or empty is a counted rejection naming
 
 The corpus lives in memory (token arrays per split, document start offsets, the source of every document): a
 corpus for this rung is what one host tokenises in minutes. `digest` identifies its content (tokens, document
-boundaries, sources, weights), which a resumed run's data order is checked against."""
+boundaries, sources, weights), which a resumed run's data order is checked against.
+
+With `[corpus.decontam]` every document is checked against the evaluation sets as ingest checks records
+(align.data.decontam: n-gram overlap; flagged or dropped), the counts in each source's stats. `decontam.heldout`
+does not apply here (a corpus has no held-out sources of an ingest config): name registered eval sets."""
 
 from __future__ import annotations
 
@@ -21,8 +25,10 @@ from pathlib import Path
 
 import numpy as np
 
+from align.data.decontam import DecontamConfig, Screen, load_references
 from align.data.hub import HttpConfig
 from align.data.readers import open_rows, source_files
+from align.data.schema import Conversation, Message
 from align.exceptions import DataError
 
 
@@ -38,6 +44,11 @@ class CorpusSourceConfig:
     weight: float = 1.0  # share of the training tokens of an epoch, relative to the other sources' weights
     max_docs: int | None = None  # read only the first max_docs rows
     http: HttpConfig = field(default_factory=HttpConfig)
+
+    @property
+    def location(self) -> str:
+        """The path (or glob) or URL(s) as configured."""
+        return self.url or self.path or " ".join(self.urls)
 
     def __post_init__(self):
         if sum(map(bool, (self.path, self.url, self.urls))) != 1:
@@ -55,6 +66,8 @@ class CorpusConfig:
     sources: dict[str, CorpusSourceConfig] = field(default_factory=dict)
     heldout_every: int = 20  # every N-th document of each source is held out (0: none)
     max_reject_fraction: float = 0.01
+    # [corpus.decontam]: documents checked against the evaluation sets (align.data.decontam); unset: not checked
+    decontam: DecontamConfig | None = None
 
     def __post_init__(self):
         if not self.sources:
@@ -115,7 +128,7 @@ def _readers(name: str, src: CorpusSourceConfig, base: Path) -> list:
 
 
 def _read_source(index: int, name: str, src: CorpusSourceConfig, cfg: CorpusConfig, tokenizer, base: Path,
-                 train: list, heldout: list) -> dict:
+                 train: list, heldout: list, screen: Screen | None) -> dict:
     readers = _readers(name, src, base)
     reader = readers[0] if len(readers) == 1 else None  # names the source in errors
     label = reader.label if reader is not None else f"{base / src.path if src.path else ' '.join(src.urls)}"
@@ -132,6 +145,9 @@ def _read_source(index: int, name: str, src: CorpusSourceConfig, cfg: CorpusConf
                 why = str(row) if isinstance(row, Exception) else "missing, not a string, or empty"
                 stats["rejections"].append({"row": row_index, "column": src.text_column, "reason": why})
             continue
+        if screen is not None and not screen.keep(row_index, Conversation(f"{name}-{row_index}",
+                                                                          (Message("user", text),))):
+            continue  # an evaluation problem in the corpus, dropped (decontam.action = "drop"; counted there)
         ids = [tokenizer.bos_id, *tokenizer.encode(text), tokenizer.eos_id]
         held = cfg.heldout_every and stats["documents"] % cfg.heldout_every == cfg.heldout_every - 1
         (heldout if held else train).append((index, ids))
@@ -144,6 +160,8 @@ def _read_source(index: int, name: str, src: CorpusSourceConfig, cfg: CorpusConf
         raise DataError(f"{label}: {stats['rejected']} of {stats['rows']} rows rejected, more than "
                         f"{cfg.max_reject_fraction:.1%}; first: row {first['row']}, column {first['column']!r}: "
                         f"{first['reason']}")
+    if screen is not None:
+        stats["decontam"] = screen.report()
     if src.max_docs is not None:
         return {**stats, "sha256": None}
     if reader is not None:
@@ -155,6 +173,9 @@ def build_corpus(cfg: CorpusConfig, tokenizer, base_dir: str | Path = ".") -> Co
     """Tokenise every source (sorted by name) into the training and held-out splits."""
     names = tuple(sorted(cfg.sources))
     train, heldout, stats = [], [], {}
+    refs = None if cfg.decontam is None else load_references(cfg.decontam, {}, base_dir)
     for index, name in enumerate(names):
-        stats[name] = _read_source(index, name, cfg.sources[name], cfg, tokenizer, Path(base_dir), train, heldout)
+        src = cfg.sources[name]
+        screen = None if refs is None else refs.screen(name, src.location)
+        stats[name] = _read_source(index, name, src, cfg, tokenizer, Path(base_dir), train, heldout, screen)
     return Corpus(names, tuple(cfg.sources[n].weight for n in names), _split(train), _split(heldout), stats)

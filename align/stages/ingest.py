@@ -39,7 +39,7 @@ def main() -> int:
     write_resolved_config(cfg, run_dir)
     root = Path(os.environ.get("ALIGN_ROOT", "."))
     references = load_references(cfg.decontam, cfg.sources, root)
-    screen = references.screen(cfg.source, cfg.sources[cfg.source])
+    screen = references.screen(cfg.source, cfg.sources[cfg.source].location)
     manifest = ingest_source(cfg.source, cfg.sources[cfg.source], run_dir / "out", base_dir=root, screen=screen)
     metrics = {k: manifest[k] for k in METRIC_KEYS}
     decontam = manifest["decontam"]

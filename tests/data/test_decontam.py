@@ -13,8 +13,10 @@ import pytest
 
 from align.data.decontam import DecontamConfig, grams, load_references, words
 from align.data.ingest_parquet import SourceConfig, ingest_source
+from align.data.pretrain_corpus import CorpusConfig, CorpusSourceConfig, build_corpus
 from align.data.schema import Message, OutcomePrompt
 from align.exceptions import ConfigError
+from align.tokenizer import Tokenizer
 from align.utils.fsio import sha256_file
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,7 +48,7 @@ def test_normalisation_ignores_case_spacing_punctuation_and_glued_digits():
 def test_the_bundled_training_splits_hold_no_held_out_problem(refs, name, tmp_path):
     """The bundled task reports 0, and checking changes no byte of the records (flag never drops)."""
     src = BUNDLED[name]
-    checked = ingest_source(name, src, tmp_path / "checked", ROOT, screen=refs.screen(name, src))
+    checked = ingest_source(name, src, tmp_path / "checked", ROOT, screen=refs.screen(name, src.location))
     plain = ingest_source(name, src, tmp_path / "plain", ROOT)
     report = checked["decontam"]
     assert report["references"] == {"bundled": 600}
@@ -97,7 +99,7 @@ def test_a_contaminated_source_is_caught_row_for_row(tmp_path, action):
     path, leaked = _contaminated(tmp_path)
     refs = load_references(DecontamConfig(action=action, max_examples=3), {}, ROOT)
     src = SourceConfig(path=str(path), kind="sft", format="messages", id_column="id")
-    manifest = ingest_source("leaky", src, tmp_path / "out", ROOT, screen=refs.screen("leaky", src))
+    manifest = ingest_source("leaky", src, tmp_path / "out", ROOT, screen=refs.screen("leaky", src.location))
     report = manifest["decontam"]
     assert (report["checked"], report["matched"], report["matched_by_set"]) == (240, 40, {"bundled": 40})
     assert [e["reference"] for e in report["examples"]] == [f"bundled:{i[len('leak-'):]}" for i in leaked[:3]]
@@ -113,15 +115,15 @@ def test_a_held_out_source_is_a_reference_and_is_not_checked_against_itself(tmp_
     sources = {"mine": EVAL, "train": BUNDLED["math_rl"]}
     refs = load_references(DecontamConfig(evalsets=(), heldout=("mine",)), sources, ROOT)
     assert refs.counts == {"heldout:mine": 600}
-    assert "held out" in refs.screen("mine", EVAL).report()["skipped"]
+    assert "held out" in refs.screen("mine", EVAL.location).report()["skipped"]
     other = dataclasses.replace(EVAL, max_rows=5)  # the same file under another name: still the reference
-    assert "evaluation set 'heldout:mine'" in refs.screen("copy", other).report()["skipped"]
+    assert "evaluation set 'heldout:mine'" in refs.screen("copy", other.location).report()["skipped"]
     with pytest.raises(ConfigError, match="decontam.heldout: 'nope' is not a configured source"):
         load_references(DecontamConfig(heldout=("nope",)), sources, ROOT)
 
 
 def test_the_bundled_eval_source_is_recognised_as_the_registered_set(refs):
-    report = refs.screen("math_eval", EVAL).report()
+    report = refs.screen("math_eval", EVAL.location).report()
     assert report["skipped"] == "source 'math_eval' is the evaluation set 'bundled'" and report["matched"] == 0
 
 
@@ -130,3 +132,29 @@ def test_config_is_checked():
         DecontamConfig(threshold=0.0)
     with pytest.raises(ValueError, match="n must be >= 1"):
         DecontamConfig(n=0)
+
+
+@pytest.mark.parametrize("action", ["flag", "drop"])
+def test_a_pretraining_corpus_is_checked_document_by_document(tmp_path, action):
+    """[corpus.decontam]: the bundled corpus holds no held-out problem; one glued into a story is caught."""
+    stories = pq.read_table(ROOT / "data/corpus/stories.parquet").column("text").to_pylist()[:300]
+    problem = pq.read_table(ROOT / "data/raw/math_eval.parquet").column("prompt").to_pylist()[7]
+    stories[41] = f"{stories[41]} {problem.lower()} {stories[42]}"
+    pq.write_table(pa.Table.from_pylist([{"text": t} for t in stories]), tmp_path / "stories.parquet")
+    (tmp_path / "data").symlink_to(ROOT / "data")  # the bundled eval set, where the registry names it
+    tok = Tokenizer.from_pretrained()
+    checked = CorpusConfig(sources={"s": CorpusSourceConfig(path="stories.parquet")},
+                           decontam=DecontamConfig(action=action))
+    corpus = build_corpus(checked, tok, tmp_path)
+    report = corpus.stats["s"]["decontam"]
+    assert (report["checked"], report["matched"], report["examples"][0]["row"]) == (300, 1, 41)
+    assert report["examples"][0]["reference"] == "bundled:eval-00007"
+    plain = build_corpus(dataclasses.replace(checked, decontam=None), tok, tmp_path)
+    assert "decontam" not in plain.stats["s"]
+    kept = len(plain.train) + len(plain.heldout) - (action == "drop")
+    assert len(corpus.train) + len(corpus.heldout) == kept
+    bundled = dataclasses.replace(checked, sources={"s": CorpusSourceConfig(path="data/corpus/stories.parquet"),
+                                                    "f": CorpusSourceConfig(path="data/corpus/facts.parquet")})
+    stats = build_corpus(bundled, tok, tmp_path).stats
+    assert [(stats[s]["decontam"]["checked"], stats[s]["decontam"]["matched"]) for s in ("f", "s")] == \
+        [(1500, 0), (3000, 0)]

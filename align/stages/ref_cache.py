@@ -25,12 +25,11 @@ from align.data.store import ShardSet
 from align.exit_codes import exit_stage
 from align.model.checkpoint import DTYPES
 from align.profile import CommonConfig
-from align.tokenizer import TokenizerConfig
-from align.tokenizer.tokenizer import resolve_tokenizer_dir
+from align.tokenizer import Tokenizer, TokenizerConfig
 from align.kernels.fused_dpo import pair_logprobs
 from align.train.ref_cache import cache_key, cached_preference_accuracy, ensure_ref_cache, length_sorted_rows
 from align.utils.dist import device
-from align.utils.fsio import atomic_write_json, sha256_file
+from align.utils.fsio import atomic_write_json
 
 @dataclass(frozen=True)
 class RefScoringConfig:
@@ -52,7 +51,8 @@ class RefCacheStageConfig(CommonConfig):
 
 
 def tokenizer_hash(cfg: TokenizerConfig) -> str:
-    return sha256_file(resolve_tokenizer_dir(cfg.path) / "tokenizer.json")
+    """The identity shards record (`Tokenizer.content_hash`: the file's sha256, a Jinja chat template folded in)."""
+    return Tokenizer.from_config(cfg).content_hash
 
 
 def _prepare(reference: Path, shards: ShardSet, scoring: RefScoringConfig):

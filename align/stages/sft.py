@@ -47,7 +47,7 @@ from align.train.sft_module import SftTrainModule
 from align.train.train_module import TrainModuleConfig
 from align.train.trainer import Trainer, TrainerConfig
 from align.utils.dist import device, init_distributed, is_rank0
-from align.utils.fsio import atomic_write_json, sha256_file
+from align.utils.fsio import atomic_write_json
 from align.utils.tracking import read_history
 
 @dataclass(frozen=True)
@@ -143,7 +143,9 @@ def main() -> int:
     if is_rank0():
         write_resolved_config(cfg, run_dir)
     tok_dir = resolve_tokenizer_dir(cfg.tokenizer.path)
-    shards = ShardSet.open(runs / cfg.data.shards, kind="sft", tokenizer_hash=sha256_file(tok_dir / "tokenizer.json"))
+    tok = Tokenizer.from_pretrained(tok_dir, cfg.tokenizer.cache)
+    # the identity the shards were built under: the file's sha256, with a Jinja chat template's folded in
+    shards = ShardSet.open(runs / cfg.data.shards, kind="sft", tokenizer_hash=tok.content_hash)
     model = maybe_lora(build_model(cfg), cfg.lora, "sft", seed=cfg.run.seed)
     engine_model = model if cfg.inloop_eval.every else None  # copied before wrapping (FSDP2 shards in place)
     n_params = sum(p.numel() for p in model.parameters())
@@ -158,7 +160,6 @@ def main() -> int:
     callbacks = [SpeedMonitor(n_params, cfg.data.peak_flops_per_s or None),
                  Tripwires(cfg.probes, list(module.model.parameters()), model.config.vocab_size),
                  ProgressLine(cfg.train.max_steps, label="sft")]
-    tok = Tokenizer.from_pretrained(tok_dir, cfg.tokenizer.cache)
     inloop = inloop_eval(cfg.inloop_eval, runs, tok, module, cfg.train.max_steps, cfg.lora, engine_model)
     callbacks += [inloop] if inloop is not None else []
     callbacks += moe_callbacks(cfg.moe_aux)

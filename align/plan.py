@@ -18,8 +18,8 @@ intermediate, H / K query / key-value heads of Dh, L layers, V vocabulary; the t
                          `step` per tensor on the host; adamw8bit: uint8 moments + fp32 absmax per 2048 (2 B + 8 B /
                          2048 per element; tensors under min_8bit_numel keep fp32 moments, 8 B) on the device;
                          offload_adamw: nothing on the device, fp32 master + moments (12 B per element) + a step per
-                         tensor + two staging slots of chunk_numel (gradient + parameter dtype) and one fp32 chunk on
-                         the host (align.train.offload_adamw)
+                         tensor + two staging slots of chunk_numel elements (gradient and parameter dtype, and an
+                         fp32 gradient unless it is fp32) on the host (align.train.offload_adamw)
   activations            saved for backward per decoder block (the torch path of align.model.mistral, measured with
                          saved-tensor hooks in tests/train/test_plan.py):
                            A = N (8 D + 8 + 4 c D + 2 c H Dh + 2 c K Dh + 4 H + 4 c I)
@@ -161,7 +161,7 @@ def optimizer_bytes(name: str, shards: list[int], param_dtype: str, *, min_8bit_
         host = 12 * sum(shards) + 4 * len(shards)
         if separate_host:
             chunk = -(-min(chunk_numel, max(shards)) // VECTOR_ALIGN) * VECTOR_ALIGN
-            host += 2 * chunk * (b + b) + (4 * chunk if b != 4 else 0)
+            host += 2 * chunk * (b + b + (4 if b != 4 else 0))  # per slot: gradient, parameter, fp32 gradient
         return 0, host
     raise ConfigError(f"align.plan: no memory model for optimizer {name!r}; known: {', '.join(OPTIMIZERS)}")
 

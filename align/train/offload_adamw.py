@@ -4,8 +4,10 @@ Per parameter (under FSDP2: per local shard, every rank offloads its own) the ho
 master weights and both moments (12 B per parameter, pinned when the parameter lives on a CUDA device so the copies
 are asynchronous DMA). The device keeps only the parameter in the model's dtype (bf16 for a 7B run: 2 B) and its
 gradient. A step walks each parameter in flat chunks of at most `chunk_numel` elements through two fixed host
-staging slots (double-buffered: the device -> host copy of chunk i+1 and the host -> device copy of chunk i-1 run
-while the host updates chunk i), so the staging memory is bounded by the chunk size, never by the largest tensor.
+staging slots (double-buffered: the host -> device copy of chunk i runs on a side stream while chunk i+1's gradient
+comes down and the host updates it), so the staging memory is bounded by the chunk size, never by the largest
+tensor. NOTE: the gradient's device -> host copy is not prefetched ahead of the update; on a GPU that copy and the
+host kernel are the step's cost (bench/offload_adamw.py measures it).
 
 The host update is torch's fused AdamW kernel on the fp32 master chunk (the same CPU kernel `optimizer.name =
 "adamw"` runs on a CPU); AdamW is element-wise, so chunking changes no bit. The result goes back to the device
@@ -46,27 +48,27 @@ def _flat(t: torch.Tensor, what: str) -> torch.Tensor:
 
 
 class _Staging:
-    """Two host slots per dtype pair, reused for every chunk of every parameter. On CUDA each slot is pinned and
-    carries an event marking when the device has finished reading its last host -> device copy."""
+    """Two host slots, reused for every chunk of every parameter; a slot's buffers are made on first use (a CPU run
+    with fp32 gradients needs none). On CUDA the buffers are pinned and a slot carries an event marking when the
+    device has finished reading its last host -> device copy."""
 
     def __init__(self, chunk_numel: int, pinned: bool):
-        # NOTE: a multiple of the kernel's vector width keeps every chunk start on a vector boundary; the kernel's
-        # scalar tail rounds differently (a 37-element chunk changed bits), 64 covers every CPU vector width
-        self.chunk_numel = -(-chunk_numel // VECTOR_ALIGN) * VECTOR_ALIGN
+        self.chunk_numel = chunk_numel
         self.pinned = pinned
-        self.slots: dict[tuple, list[dict]] = {}
+        self.slots: list[dict] = [{"event": None}, {"event": None}]
 
-    def slot(self, i: int, grad_dtype: torch.dtype, param_dtype: torch.dtype) -> dict:
-        key = (grad_dtype, param_dtype)
-        if key not in self.slots:
-            self.slots[key] = [{"grad": torch.empty(self.chunk_numel, dtype=grad_dtype, pin_memory=self.pinned),
-                                "param": torch.empty(self.chunk_numel, dtype=param_dtype, pin_memory=self.pinned),
-                                "event": None} for _ in range(2)]
-        return self.slots[key][i % 2]
+    def slot(self, i: int) -> dict:
+        return self.slots[i % 2]
+
+    def buffer(self, slot: dict, key: str, dtype: torch.dtype, n: int) -> torch.Tensor:
+        """The first `n` elements of the slot's `key` buffer in `dtype` (remade if a later tensor has another)."""
+        buf = slot.get(key)
+        if buf is None or buf.dtype != dtype:
+            buf = slot[key] = torch.empty(self.chunk_numel, dtype=dtype, pin_memory=self.pinned)
+        return buf[:n]
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for pair in self.slots.values() for s in pair
-                   for t in (s["grad"], s["param"]))
+        return sum(t.numel() * t.element_size() for s in self.slots for k, t in s.items() if k != "event")
 
 
 class OffloadAdamW(torch.optim.Optimizer):
@@ -142,7 +144,7 @@ class OffloadAdamW(torch.optim.Optimizer):
         beta1, beta2 = group["betas"]
         for start in range(0, n, self.chunk_numel):
             end = min(start + self.chunk_numel, n)
-            slot = self._staging.slot(chunk, g_flat.dtype, p_flat.dtype)
+            slot = self._staging.slot(chunk)
             chunk += 1
             g32 = self._grad_to_host(g_flat[start:end], slot)
             torch._fused_adamw_([master[start:end]], [g32], [m[start:end]], [v[start:end]], [], [state["step"]],
@@ -155,12 +157,17 @@ class OffloadAdamW(torch.optim.Optimizer):
         """The gradient chunk as fp32 on the host. A host fp32 gradient is used in place (no copy)."""
         if g.device.type == "cpu" and g.dtype == torch.float32:
             return g
-        staged = slot["grad"][:g.numel()]
-        staged.copy_(g, non_blocking=self.pinned)
-        if g.device.type == "cuda":
+        if g.device.type == "cuda":  # the gradient's own dtype crosses the bus (half the bytes of fp32 for bf16)
+            staged = self._staging.buffer(slot, "grad", g.dtype, g.numel())
+            staged.copy_(g, non_blocking=self.pinned)
             # the host reads it next; the compute stream holds only these copies (the writes back run on _h2d)
             torch.cuda.current_stream(g.device).synchronize()
-        return staged if g.dtype == torch.float32 else staged.float()
+            g = staged
+            if g.dtype == torch.float32:
+                return g
+        g32 = self._staging.buffer(slot, "grad32", torch.float32, g.numel())
+        g32.copy_(g)
+        return g32
 
     def _param_to_device(self, master: torch.Tensor, p: torch.Tensor, slot: dict) -> None:
         """Write the updated master chunk into the parameter, rounded to nearest in the parameter's dtype."""
@@ -169,7 +176,7 @@ class OffloadAdamW(torch.optim.Optimizer):
             return
         if slot["event"] is not None:
             slot["event"].synchronize()  # the device has read this slot's previous chunk
-        staged = slot["param"][:master.numel()]
+        staged = self._staging.buffer(slot, "param", p.dtype, master.numel())
         staged.copy_(master)  # the host rounds to the parameter's dtype: half the bytes cross the bus
         h2d = self._h2d_stream(p.device)
         with torch.cuda.stream(h2d):  # beside the next chunk's device -> host copy on the compute stream
@@ -187,11 +194,10 @@ class OffloadAdamW(torch.optim.Optimizer):
 
     def _drain(self) -> None:
         """Every write back has landed before the host slots are reused or the next forward reads a parameter."""
-        for pair in self._staging.slots.values():
-            for slot in pair:
-                if slot["event"] is not None:
-                    slot["event"].synchronize()
-                    slot["event"] = None
+        for slot in self._staging.slots:
+            if slot["event"] is not None:
+                slot["event"].synchronize()
+                slot["event"] = None
         if self._h2d is not None:
             torch.cuda.current_stream(self._h2d.device).wait_stream(self._h2d)
             self._h2d = None

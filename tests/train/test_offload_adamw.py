@@ -177,3 +177,32 @@ def test_two_gloo_ranks_fsdp_equal_one_process_and_resume_bitwise(tmp_path):
     assert got["counts"][0]["local"] == sum(shard_numel(s, 2) for s in shapes)
     assert sum(c["local"] for c in got["counts"]) == sum(torch.Size(s).numel() for s in shapes)
     assert got["counts"][0]["local"] > got["counts"][1]["local"]  # the uneven split is really exercised
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_offload_equals_the_host_only_run_bitwise():
+    # bf16 parameters on the GPU, state pinned on the host, chunks through the two staging slots and the side stream:
+    # the same bits as the same optimizer with the parameters on the CPU (the host math is the same kernel)
+    g = torch.Generator().manual_seed(0)
+    shapes = [(3, 10_000), (257, 64), (64,)]  # one tensor over several chunks, an odd one, a small one
+    start = [(torch.randn(s, generator=g) * 0.02).to(torch.bfloat16) for s in shapes]
+    grads = [[torch.randn(s, generator=g).to(torch.bfloat16) for s in shapes] for _ in range(5)]
+    runs = {}
+    for dev in ("cpu", "cuda"):
+        params = [torch.nn.Parameter(t.to(dev)) for t in start]
+        opt = OffloadAdamW([{"params": params[:2], "weight_decay": 0.1}, {"params": params[2:], "weight_decay": 0.0}],
+                           lr=1e-3, chunk_numel=4096)
+        for step_grads in grads:
+            for p, gr in zip(params, step_grads):
+                p.grad = gr.to(dev)
+            opt.step()
+        assert opt.pinned == (dev == "cuda")
+        if dev == "cuda":
+            assert all(v.is_pinned() for s in opt.state.values() for k, v in s.items() if k != "step")
+        runs[dev] = ([p.detach().cpu() for p in params], opt.state_dict())
+    for a, b in zip(runs["cpu"][0], runs["cuda"][0]):
+        assert torch.equal(a, b)
+    for pid, state in runs["cpu"][1]["state"].items():
+        for key, value in state.items():
+            assert torch.equal(value, runs["cuda"][1]["state"][pid][key]), (pid, key)

@@ -15,7 +15,10 @@ answers to them.
 The hub URLs are the datasets' published files; none is fetched here (no network on the project's machines), so
 their `sha256` is left unpinned: pin it in the override once a copy was checked. Verifier settings: MATH answers
 are LaTeX and a model boxes them (`fallback` off: an unboxed answer is unreadable, as in the RL reward); GSM8K
-golds are plain numbers and `percent = "either"` accepts 25 and 0.25 for 25%."""
+golds are plain numbers and `percent = "either"` accepts 25 and 0.25 for 25%. Every set states its numeric-vs-exact
+tolerance: `decimal_min_sig_digits = 4` (a decimal of a non-terminating exact gold, 1/3 or sqrt 10, counts when it has
+>= 4 significant digits and is the gold rounded or truncated at its places; math_verify's counterpart is its 6-place
+rounding); it is in the manifest's `verify` settings with the others."""
 
 from __future__ import annotations
 
@@ -57,7 +60,7 @@ _register(EvalSet("math", "MATH test split (Hendrycks et al.), one JSONL line pe
 _register(EvalSet("gsm8k_test", "GSM8K test split (1,319 problems)",
                   SourceConfig(url=f"{HF}/openai/gsm8k/resolve/main/main/test-00000-of-00001.parquet",
                                kind="prompts", format="gsm8k", max_reject_fraction=0.0),
-                  VerifyConfig(percent="either")))
+                  VerifyConfig(percent="either", decimal_min_sig_digits=4)))
 
 
 def get_evalset(name: str) -> EvalSet:

@@ -144,3 +144,13 @@ def test_documented_refusals(gold, pred, cfg):
 def test_switches_turn_the_leniencies_on():
     assert are_equivalent("10, 4, -2", "4, 10, -2", VerifyConfig(unordered_lists=True)) is True
     assert are_equivalent(r"5\text{ cm}", r"5 \text{ centimeters}", VerifyConfig(units="match")) is True
+
+
+def test_every_eval_set_states_its_numeric_tolerance_in_its_receipt():
+    import dataclasses
+
+    from align.data.evalsets import EVALSETS, get_evalset
+
+    for name in EVALSETS.names():
+        settings = dataclasses.asdict(get_evalset(name).verify)  # what ingest_evalset writes to the manifest
+        assert settings["decimal_min_sig_digits"] == 4, name

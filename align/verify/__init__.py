@@ -10,7 +10,9 @@ final-answer phrase ("the answer is", "Final Answer:", "####", 答案是, 答：
 la respuesta es, a resposta é, la risposta è, die Antwort ist, Ответ:, Відповідь:, الإجابة هي, الجواب هو,
 उत्तर है, अंतिम उत्तर, Cevap:, Đáp án, Jawabannya adalah, پاسخ:) and the math span or sentence after it; the whole
 text when it reads as one answer; the last math span (adjacent spans: one list); the last number when it is the
-only number of the last sentence and no hedge word is near. The GRPO reward (align/eval/verifier.py) reads only
+only number of its sentence (or the one the sentence states: "which is 1,000.99€") and no hedge word is near; a
+stated number after the last math span wins over it. Without a box, the text after a `</think>` block is read, and a
+chat turn marker (`<|im_start|>`) ends the response. The GRPO reward (align/eval/verifier.py) reads only
 boxes (its format rule) and then calls compare_answers: the comparison is the same code.
 
 What it reads, with an example of each form (gold ~ pred, both True):
@@ -45,10 +47,28 @@ What it reads, with an example of each form (gold ~ pred, both True):
                   VerifyConfig.unordered_lists; `1 \\pm \\sqrt2` ~ `1-\\sqrt2, 1+\\sqrt2`; `\\emptyset` ~ `\\varnothing`
     tuples        `(1, 2)` ~ `\\left(1,2\\right)`, `\\langle 1, 2 \\rangle`; `(1, 2)` is also the open interval
     text          `\\text{Evelyn}` ~ `Evelyn`, `\\textbf{evelyn}`; `\\text{(C)}` ~ `C`
+    prose         "所以她总共有57颗。" ~ 57; "Final Answer: The largest n is 12." ~ 12; "Therefore the answer is -7"
+    decimals      `\\frac13` ~ `0.3333`, `\\sqrt{10}` ~ `3.1622776601683795` (VerifyConfig.decimal_min_sig_digits,
+                  off in REWARD_CONFIG, the GRPO reward's default); `\\frac18` needs 0.125
+    approximation `x = 1/4 \\approx 0.25` ~ `\\frac14`, `0.25` (refused when the two parts disagree);
+                  `2x + 1 = 15 \\Rightarrow x = 7` ~ 7
+    identities    `\\cot^2 x + 1` ~ `\\csc^2 x`; `\\sin 2x` ~ `2 \\sin x \\cos x`;
+                  `\\frac{2}{\\sqrt x}` ~ `\\frac{2\\sqrt x}{x}`
+    labels        `(4,1)` ~ `(a,b)=(4,1)`; `3, 8` ~ `XY=3, ZW=8`; `2` ~ `|PQ|=2`; `5:9` ~ `S_1:S_2=5:9`, `10:18`;
+                  `(3,2),(5,2)` ~ `p=3,q=2;p=5,q=2`; `6` ~ `\\text{Area} = 6`
+    several       `(2,9),(9,2)` ~ `(9,2), (2,9)` (a list of tuples is a set of solutions); `1, 2, 3` ~ `1; 2; 3`
+    sets          `(0,2)` ~ `0<g(x)<2`; `[-3,-2] \\cup [2,3]` ~ `2 \\le |w| \\le 3`; `(-3,3)` ~ `|x|<3`
+    times, sums   `10:30` ~ `10:30:00`; `55` ~ `\\sum_{k=1}^{10} k`; `\\frac{n(n+1)}{2}` ~ `\\sum_{k=1}^n k`;
+                  `\\sum_{k=1}^n k^2` ~ `\\sum_{i=1}^n i^2`
+    layout        doubled backslashes (`\\\\frac`), a form feed for `\\f` (`"\\frac"` in a Python string), `12\\\\`,
+                  `\\mathbf{...}`, `\\textcolor{red}{4}`, `\\hspace{1mm}`, `3\\pi cm` ~ `3\\pi`;
+                  matrix sums and products;
+                  `\\begin{cases} x=2 \\\\ y=3 \\end{cases}` ~ `(2, 3)`
 
 What it refuses (False for a prediction, None for a gold): hedges (`5 \\text{ or } 7`, two different boxes, "5 or 7",
 `5 \\text{ maybe}`, an inequality or interval where a number is asked, `\\{5, 7\\}` for 5); false equations
-(`2 + 2 = 5`); number words (`4 \\text{ thousand}`); unclosed or empty boxes; unknown commands and environments;
+(`2 + 2 = 5`, `x = 7 = 11`); a math span broken by a blank line; a list ending in `...`; number words
+(`4 \\text{ thousand}`); unclosed or empty boxes; unknown commands and environments;
 look-alike digits (`𝟓`); anything over a bound of VerifyConfig (characters, nesting, steps, bits, digits, terms):
 `10^{10^{10}}`, 10,000 nested braces, a 100k-character answer, a 5,000-entry matrix. Bounds are counts, never
 timers, so a call costs the same in any thread or process.

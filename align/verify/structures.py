@@ -53,9 +53,14 @@ def is_label(v: object, sums: bool = False) -> bool:
     for (r, names), c in v.num.items():
         if c != 1 or r != 1 or not names or any(k != 1 for _, k in names):
             return False
-        if any(not (n.startswith("v:") and not n.startswith("v:#")) and not n.startswith("f:abs(") for n, _ in names):
+        if any(not (n.startswith("v:") and not n.startswith("v:#")) and not _segment_length(n) for n, _ in names):
             return False
     return True
+
+
+def _segment_length(name: str) -> bool:
+    """|PQ|: the absolute value of a product of two or more names (a length); |x| = 5 is the set {-5, 5}."""
+    return name.startswith("f:abs(1*") and name.count("v:") >= 2 and name.count("v:#") == 0
 
 
 def _names(v: Value) -> bool:
@@ -144,9 +149,11 @@ def _intersect(a: Interval, b: Interval) -> Interval:
 
 def _abs_of_variable(v: Value) -> bool:
     """|x| for one variable x (an atom abs(x))."""
-    return (isinstance(v, Scalar) and v.den is None and len(v.num) == 1 and is_label(v)
-            and len(next(iter(v.num))[1]) == 1 and next(iter(v.num))[1][0][0].startswith("f:abs(1*v:")
-            and next(iter(v.num))[1][0][0].count("*") == 1)
+    if not (isinstance(v, Scalar) and v.den is None and len(v.num) == 1):
+        return False
+    ((r, names), c), = v.num.items()
+    return (c == 1 and r == 1 and len(names) == 1 and names[0][1] == 1 and names[0][0].startswith("f:abs(1*v:")
+            and names[0][0].count("*") == 1 and "v:#" not in names[0][0])
 
 
 def _abs_set(lo: Value | None, lo_op: str, hi: Value | None, hi_op: str) -> Value:

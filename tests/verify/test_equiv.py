@@ -154,3 +154,14 @@ def test_every_eval_set_states_its_numeric_tolerance_in_its_receipt():
     for name in EVALSETS.names():
         settings = dataclasses.asdict(get_evalset(name).verify)  # what ingest_evalset writes to the manifest
         assert settings["decimal_min_sig_digits"] == 4, name
+
+
+@pytest.mark.parametrize("pred", [
+    r"x = 5 \approx 7", r"$x \approx 5$ or $7$", "5; 7", r"\boxed{5; 7}", "5:7", "The answer is not 7 but 5 or 6.",
+    "Final Answer: 5 or 7", "which is 5 or 7€", r"\sum_{k=5}^{7} 1", "|x| = 5", "x = 5, y = 7", "(a,b) = (5,7)",
+    "5, 7, ...", "so it is 5 or maybe 7", "It is between 5 and 7.", r"x = 7 = 5", "<think>5</think>The answer is 7.",
+])
+def test_issue_46_forms_reward_no_hedge(pred):
+    # the forms issue 46 added (approximations, `;` lists, ratios, labels, stated numbers, sums, think blocks)
+    # never turn two candidate answers, or a set of them, into the one gold
+    assert are_equivalent("5", pred) is False

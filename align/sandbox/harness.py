@@ -19,12 +19,15 @@ creation, signals to other processes, ctypes and a few low-level modules, and op
 directory and the standard library. Code that gets to C (a CPython memory bug, a C module the hook does not know)
 passes it; the kernel's layers (namespaces, rlimits, uid) still hold then."""
 
+import functools
 import json
 import os
 import resource
 import sys
 
 CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
+PR_SET_PDEATHSIG = 1
+_die_with_parent = None  # prctl(PR_SET_PDEATHSIG, SIGKILL) for this process, set by `isolate`
 NOBODY = 65534
 DENIED_MODULES = ("ctypes", "_ctypes", "_posixsubprocess", "subprocess", "multiprocessing", "_multiprocessing",
                   "socket", "_socket", "ssl", "_ssl", "asyncio", "pty", "mmap", "_xxsubinterpreters")
@@ -48,11 +51,17 @@ PATH_EVENTS = ("open", "os.listdir", "os.scandir", "os.chdir", "os.rename", "os.
 def isolate(want: bool) -> dict:
     """New network + PID namespaces where the kernel allows; the layers that hold, by name."""
     layers = {"netns": False, "pidns": False, "userns": False}
-    if not want:
-        return layers
     import ctypes  # NOTE: removed from sys.modules below, so the program's `import ctypes` hits the audit hook
 
+    global _die_with_parent
     libc = ctypes.CDLL(None, use_errno=True)
+    _die_with_parent = functools.partial(libc.prctl, PR_SET_PDEATHSIG, 9)  # kept for the forked children
+    _die_with_parent()  # the trainer gone (killed mid-run): SIGKILL to this harness, and (the setting is not
+    # inherited by fork) to PID 1 and the program when their parents go: nothing outlives the run's owner
+    if not want:
+        del libc
+        _forget_ctypes()
+        return layers
     tries = [CLONE_NEWNET | CLONE_NEWPID, CLONE_NEWNET] if os.geteuid() == 0 else []
     tries += [CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWPID, CLONE_NEWUSER | CLONE_NEWNET]
     for flags in tries:
@@ -60,9 +69,13 @@ def isolate(want: bool) -> dict:
             layers = {"netns": True, "pidns": bool(flags & CLONE_NEWPID), "userns": bool(flags & CLONE_NEWUSER)}
             break
     del libc
+    _forget_ctypes()
+    return layers
+
+
+def _forget_ctypes() -> None:
     for name in [m for m in sys.modules if m == "ctypes" or m.startswith("ctypes.") or m == "_ctypes"]:
         del sys.modules[name]
-    return layers
 
 
 def limit(limits: dict) -> None:
@@ -147,6 +160,7 @@ def run_steps(job: dict, fd: int) -> None:
 
 
 def program_process(job: dict, fd: int) -> None:
+    global _die_with_parent
     try:
         for name in PRELOAD:
             try:
@@ -155,6 +169,8 @@ def program_process(job: dict, fd: int) -> None:
                 pass
         limit(job["limits"])
         dropped = drop_uid() if job["drop_uid"] else False
+        _die_with_parent()  # after the uid change, which clears the setting
+        _die_with_parent = None  # the program could reach it through __main__
         os.write(fd, f"{job['nonce']} uid {int(dropped)}{'a' if job['audit'] else ''}\n".encode())
         if job["audit"]:
             sys.addaudithook(_audit(tuple(p for p in job["readable"] if p), os.getcwd()))
@@ -185,6 +201,7 @@ def main() -> None:
     pid = os.fork()
     if pid == 0:
         if layers["pidns"]:  # PID 1 of the namespace: run the program one level down and reap
+            _die_with_parent()
             child = os.fork()
             if child == 0:
                 program_process(job, fd)

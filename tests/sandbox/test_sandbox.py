@@ -23,9 +23,9 @@ def program(src: str, *tests: str, cfg: SandboxConfig = FAST):
     return run_python([("program", src), *(("test", t) for t in tests)], cfg)
 
 
-def session_alive(sid: int, wait_s: float = 2.0) -> list[int]:
+def session_alive(sid: int, wait_s: float = 5.0) -> list[int]:
     """Live (not zombie) processes whose session id is `sid`, the harness's: all must be gone after a run (SIGKILL
-    is delivered asynchronously, so they are given `wait_s` to go)."""
+    is delivered asynchronously, so they are given `wait_s` to go: a bound on a poll, not a timing assertion)."""
     deadline = time.monotonic() + wait_s
     while True:
         alive = []
@@ -64,10 +64,9 @@ def test_forged_result_lines_do_not_count():
 
 
 def test_fork_bomb_is_contained():
-    t0 = time.monotonic()
     r = program("import os\nwhile True:\n    os.fork()", "assert True")
-    assert not r.program_ok and b"os.fork refused" in r.stderr
-    assert time.monotonic() - t0 < 3 and session_alive(r.pid) == []
+    assert not r.program_ok and b"os.fork refused" in r.stderr and not r.timed_out
+    assert session_alive(r.pid) == []
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="RLIMIT_NPROC binds the sandbox's own user only when it runs as nobody")
@@ -83,13 +82,12 @@ def test_fork_bomb_without_the_audit_hook_hits_the_process_limit():
 
 def test_infinite_loop_hits_the_cpu_limit():
     r = program("while True:\n    pass", "assert True", cfg=SandboxConfig(timeout_s=5.0, cpu_s=1))
-    assert r.tests == (False,) and not r.timed_out and r.exit_code == 128 + 24  # SIGXCPU
-    assert r.seconds < 4
+    assert r.tests == (False,) and not r.timed_out and r.exit_code == 128 + 24  # SIGXCPU, not the wall clock
 
 
 def test_sleeping_program_is_killed_at_the_wall_clock():
     r = program("import time\ntime.sleep(60)", "assert True", cfg=SandboxConfig(timeout_s=1.0))
-    assert r.timed_out and r.tests == (False,) and r.seconds < 3 and session_alive(r.pid) == []
+    assert r.timed_out and r.exit_code is None and r.tests == (False,) and session_alive(r.pid) == []
 
 
 def test_huge_output_is_bounded():
@@ -194,3 +192,31 @@ def test_code_reward_fraction_and_all():
     assert code_reward("no code here", tests).status == "no_program"
     v = code_reward("```python\nwhile True: pass\n```", tests, SandboxConfig(timeout_s=1.0, cpu_s=5))
     assert v.reward == 0.0 and v.status == "timeout"
+
+
+def test_a_killed_trainer_leaves_no_sandboxed_process():
+    """The harness has the parent-death signal: the trainer SIGKILLed mid-run takes the program with it."""
+    import signal
+    import subprocess
+    import sys
+
+    src = ("from align.sandbox.run import run_python, SandboxConfig\n"
+           "run_python([('program', 'import time\\ntime.sleep(60)')], SandboxConfig(timeout_s=60))")
+    trainer = subprocess.Popen([sys.executable, "-c", src], cwd=REPO)
+    harness = []
+    deadline = time.monotonic() + 10
+    while not harness and time.monotonic() < deadline:
+        time.sleep(0.2)
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rpartition(")")[2].split()
+            except OSError:
+                continue
+            if int(fields[1]) == trainer.pid:
+                harness.append(int(stat.parent.name))
+    assert harness, "the sandbox never started"
+    time.sleep(0.5)  # the program is asleep inside it
+    assert session_alive(harness[0], wait_s=0)
+    trainer.send_signal(signal.SIGKILL)
+    trainer.wait()
+    assert session_alive(harness[0]) == []

@@ -6,18 +6,13 @@ q/k norms included) reaches the engine; LoRA adapters decode on the biased proje
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 from align.inference import Engine, EngineConfig, GenerationRequest, SamplingParams
 from align.lora.adapters import LoraConfig, apply_lora
+from dense_helpers import dense_model  # tests/model's builders (conftest puts them on the path)
 from inference_helpers import assert_greedy_and_logprob_contracts, naive_greedy, random_prompts
-
-sys.path.insert(0, str(Path(__file__).parent.parent / "model"))
-from dense_helpers import dense_model  # noqa: E402
 
 FAMILIES = ("llama", "qwen2", "qwen3")
 CONFIG = dict(block_size=8, num_blocks=64, max_num_seqs=3, max_num_batched_tokens=24)

@@ -25,10 +25,24 @@ def model_of(family: str, seed: int = 0, **overrides):
 
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("kernel", ["torch", "native"])
-@pytest.mark.parametrize("cpu_kernels", ["torch", "auto"])
+@pytest.mark.parametrize("cpu_kernels", ["torch", "native"])
 def test_greedy_and_logprobs_equal_the_model(family, kernel, cpu_kernels):
-    assert_greedy_and_logprob_contracts(model_of(family), EngineConfig(**CONFIG, linear_kernel=kernel,
-                                                                       cpu_kernels=cpu_kernels))
+    """cpu_kernels "native": the C paged attention, and on fp32 the C RoPE + KV write fed by the fused product
+    (biases and the per-head QK-norm applied before it); blocks of 16, the C kernel's granularity."""
+    config = EngineConfig(**{**CONFIG, "block_size": 16, "num_blocks": 32}, linear_kernel=kernel,
+                          cpu_kernels=cpu_kernels)
+    assert_greedy_and_logprob_contracts(model_of(family), config)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_shapes_the_c_attention_cannot_take_fall_back_to_torch(family):
+    """head_dim 24 (not a multiple of 16): "auto" runs torch's paged attention, with the same contracts."""
+    model = model_of(family, seed=3, **({"hidden_size": 96, "num_attention_heads": 4} if family != "qwen3"
+                                        else {"head_dim": 24}))
+    assert model.config.head_dim == 24
+    config = EngineConfig(**{**CONFIG, "block_size": 16, "num_blocks": 32}, cpu_kernels="auto")
+    assert Engine(model, config).runner.cpu_kernels == "torch"
+    assert_greedy_and_logprob_contracts(model, config)
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -97,7 +97,7 @@ _UNIT_SQUARED = re.compile(r"(?<=[0-9 ])(mm|cm|km|m|ft|in)([\u00b2\u00b3])")
 _SPACE_THOUSANDS = re.compile(r"(?<![0-9.,])[0-9]{1,3}(?: [0-9]{3})+(?![0-9./])")
 _DECIMAL_COMMA = re.compile(r"-?[0-9]+,[0-9]{2}|-?0,[0-9]+")  # `1,22`, `0,125`: no thousands grouping looks so
 _POINT_THOUSANDS = re.compile(r"-?[0-9]{1,3}(?:\.[0-9]{3})+,[0-9]+")  # `1.234,5`: thousands points, decimal comma
-_TRAILING_BREAK = re.compile(r"(?:\s*\\+)+$")  # a line break `\\` or a stray backslash after the answer
+_TRAILING_BREAK = re.compile(r"\\[\s\\]*$")  # a line break `\\` or a stray backslash after the answer
 _TRIG = re.compile(r"\\(?:sin|cos|tan|cot|sec|csc)(?![a-zA-Z])")
 _TRIG_DEGREE = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*(?:\^\s*\{?\s*\\circ\s*\}?|\\degree(?![a-zA-Z])|\u00b0)")
 _DOUBLE_COMMA = re.compile(r",(?:\s*,)+")

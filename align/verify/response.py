@@ -160,7 +160,7 @@ def _last_number_at(text: str) -> tuple[str, int] | None:
     sentence = text[start:]
     end = _SENTENCE_END.search(sentence, last.end() - start)
     sentence = sentence if end is None else sentence[:end.start()]
-    before = text[start:last.start()]
+    before = text[max(start, last.start() - 200):last.start()]
     if _HEDGE.search(sentence):
         return None
     sentence = _ASSIGNED.sub("", sentence.replace("\\$", ""))

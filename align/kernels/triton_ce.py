@@ -21,7 +21,8 @@ from align.kernels import triton_rt
 
 tl = None  # triton.language, bound by triton_rt.jit at the first launch (Triton is an optional extra)
 
-BLOCK = 4096  # vocabulary elements per step of a row's loop (4096 fp32 = 16 KiB of registers over 8 warps)
+BLOCK = 4096  # vocabulary elements per step of a row's loop
+WARPS = 8  # 4096 fp32 over 256 threads: 16 registers per live block value
 
 
 def _ce_rows_kernel(x_ptr, stride, y_ptr, vocab, z_w, lse_ptr, ce_ptr, ent_ptr,
@@ -92,7 +93,7 @@ def ce_rows_(logits: torch.Tensor, targets: torch.Tensor, z_loss_weight: float, 
     if rows:
         block = min(BLOCK, max(16, 1 << (vocab - 1).bit_length()))
         triton_rt.jit(_ce_rows_kernel)[(rows,)](logits, logits.stride(0), y, vocab, float(z_loss_weight),
-                                                 lse, ce, ent, GRAD=bool(grad), BLOCK=block)
+                                                 lse, ce, ent, GRAD=bool(grad), BLOCK=block, num_warps=WARPS)
     return lse, ce, ent
 
 
@@ -103,4 +104,5 @@ def softmax_grad_rows_(logits: torch.Tensor, targets: torch.Tensor, lse: torch.T
     if rows:
         block = min(BLOCK, max(16, 1 << (vocab - 1).bit_length()))
         triton_rt.jit(_softmax_grad_kernel)[(rows,)](logits, logits.stride(0), y, lse.float().contiguous(),
-                                                      scale.float().contiguous(), vocab, BLOCK=block)
+                                                      scale.float().contiguous(), vocab, BLOCK=block,
+                                                      num_warps=WARPS)

@@ -60,6 +60,11 @@ def _block(dim: int) -> int:
     return max(16, 1 << (dim - 1).bit_length())
 
 
+def _warps(dim: int) -> int:
+    """Warps per program: the row spread over more threads as it grows (<= 16 values per thread up to 16384)."""
+    return 4 if dim <= 2048 else 8 if dim <= 4096 else 16
+
+
 def _bands(rows: int, dev: torch.device) -> int:
     """Programs of the backward: a few per SM on a GPU (each folds its band's dw), few under the interpreter."""
     n = 4 * torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 4
@@ -78,7 +83,7 @@ class _RMSNorm(torch.autograd.Function):
         r = torch.empty(x2.shape[0], dtype=torch.float32, device=x.device)
         if x2.shape[0]:
             triton_rt.jit(_fwd_kernel)[(x2.shape[0],)](x2, weight.contiguous(), y, r, x2.stride(0), y.stride(0),
-                                                        dim, float(eps), BLOCK=_block(dim))
+                                                        dim, float(eps), BLOCK=_block(dim), num_warps=_warps(dim))
         ctx.save_for_backward(x2, weight, r)
         ctx.x_shape = x.shape
         return y.view(*x.shape[:-1], dim)
@@ -96,7 +101,8 @@ class _RMSNorm(torch.autograd.Function):
         if rows:
             band = -(-rows // bands)
             triton_rt.jit(_bwd_kernel)[(bands,)](x2, weight.contiguous(), g, r, dx, dw, x2.stride(0), g.stride(0),
-                                                  dx.stride(0), rows, dim, band, BLOCK=_block(dim))
+                                                  dx.stride(0), rows, dim, band, BLOCK=_block(dim),
+                                                  num_warps=_warps(dim))
         return dx.view(ctx.x_shape), dw.sum(0).to(weight.dtype), None
 
 

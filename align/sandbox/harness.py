@@ -1,7 +1,8 @@
 """The sandbox's child side: run as a script by a fresh `python -I -S -B` (align.sandbox.run), never imported by
 align at run time. Stdlib only: with -I the interpreter sees neither the repository nor site-packages.
 
-    stdin   one JSON job: {"nonce", "steps": [[kind, source], ...], "limits": {...}, "namespaces", "drop_uid"}
+    stdin   one JSON job: {"nonce", "steps": [[kind, source], ...], "limits": {...}, "namespaces", "drop_uid",
+            "audit", "preload", "readable"}
     argv[1] the result descriptor: lines "<nonce> <event> ..." (the parent ignores every line without the nonce)
 
 Order (every step before the model's code runs):
@@ -37,8 +38,8 @@ DENIED_EVENTS = ("os.fork", "os.forkpty", "os.system", "os.exec", "os.posix_spaw
                  "socket.bind", "socket.getaddrinfo", "socket.gethostbyname", "socket.sendto", "mmap.__new__",
                  "ctypes.dlopen", "ctypes.dlsym", "ctypes.cdata", "ctypes.call_function", "os.link", "os.symlink",
                  "os.mkfifo", "os.mknod", "os.chown", "shutil.chown")
-# Imported before the uid drop: a standard library nobody cannot read (an interpreter under /root) still serves
-# these to the program; any other module is imported as nobody, through the audit hook's read rule
+# Imported before the uid drop when nobody cannot read the standard library (an interpreter under /root): the
+# program may then import only these; any other module is imported as nobody, through the audit hook's read rule
 PRELOAD = ("builtins", "traceback", "math", "cmath", "re", "collections", "itertools", "functools", "heapq", "bisect",
            "string", "typing", "dataclasses", "fractions", "decimal", "statistics", "random", "copy", "operator",
            "json", "datetime", "array", "numbers", "enum", "textwrap", "unicodedata", "hashlib", "time", "queue",
@@ -162,7 +163,7 @@ def run_steps(job: dict, fd: int) -> None:
 def program_process(job: dict, fd: int) -> None:
     global _die_with_parent
     try:
-        for name in PRELOAD:
+        for name in PRELOAD if job["preload"] else ():
             try:
                 __import__(name)
             except ImportError:

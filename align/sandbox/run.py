@@ -28,12 +28,14 @@ gVisor/firecracker container where the programs are adversarial."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import secrets
 import selectors
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import sysconfig
@@ -90,6 +92,7 @@ class SandboxResult:
         return self.passed / len(self.tests) if self.tests else 0.0
 
 
+@functools.lru_cache(maxsize=1)
 def readable_roots() -> tuple[str, ...]:
     """The standard library's directories: the only paths outside its cwd the program may read (audit layer)."""
     paths = sysconfig.get_paths()
@@ -98,11 +101,27 @@ def readable_roots() -> tuple[str, ...]:
     return tuple(sorted(os.path.realpath(r) for r in roots if r))
 
 
+@functools.lru_cache(maxsize=1)
+def others_can_read_stdlib() -> bool:
+    """Whether nobody could import from the standard library (every directory on the way searchable by others, the
+    library's own directories readable): if not (an interpreter under /root), the harness preloads common modules
+    before it drops to nobody, which costs ~0.1 s per run."""
+    for root in readable_roots():
+        if root.startswith("/dev/"):
+            continue
+        path = Path(root)
+        for folder in (path, *path.parents):
+            mode = folder.stat().st_mode if folder.exists() else 0
+            if not mode & stat.S_IXOTH or (folder == path and not mode & stat.S_IROTH):
+                return False
+    return True
+
+
 def run_python(steps: list[tuple[str, str]], cfg: SandboxConfig = SandboxConfig()) -> SandboxResult:
     """Run `steps` ([(kind, source)], kind "program" | "setup" | "test") in one sandboxed interpreter."""
     nonce = secrets.token_hex(16)
     job = {"nonce": nonce, "steps": [list(s) for s in steps], "namespaces": cfg.namespaces, "drop_uid": cfg.drop_uid,
-           "audit": cfg.audit,
+           "audit": cfg.audit, "preload": os.geteuid() == 0 and cfg.drop_uid and not others_can_read_stdlib(),
            "readable": list(readable_roots()),
            "limits": {"cpu_s": cfg.cpu_s, "memory_mb": cfg.memory_mb, "file_size_mb": cfg.file_size_mb,
                       "max_processes": cfg.max_processes}}

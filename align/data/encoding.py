@@ -4,7 +4,9 @@ The chat format is the tokenizer directory's own (`Tokenizer.encode_chat` / `enc
 by align.tokenizer.chat_format): the Mistral v0.3 `[INST]` encoder for the vendored tokenizers, else the
 checkpoint's Jinja `chat_template` rendered as transformers renders it. Each record becomes `seqs_per_row`
 sequences of (ids, loss_mask):
-- sft: the conversation (mask 1 on assistant output and its end-of-turn token: `</s>`, `<|im_end|>`, `<|eot_id|>`).
+- sft: the conversation (mask 1 on assistant output and its end-of-turn token: `</s>`, `<|im_end|>`, `<|eot_id|>`),
+  its tool definitions, tool calls and tool results passed to the template as transformers takes them (`tools=`,
+  `tool_calls`, `tool` turns); the Mistral v0.3 format refuses them (align.tokenizer.chat).
 - pairs: two sequences, prompt + chosen reply and prompt + rejected reply (mask 1 on the reply and its end token).
 - prompts: the prompt with the template's generation prompt (`[/INST]`, `<|im_start|>assistant\n`, ...; mask all
   0), the gold answer kept as text beside it.
@@ -19,7 +21,7 @@ from typing import Literal
 
 import numpy as np
 
-from align.data.schema import Conversation, OutcomePrompt, PreferencePair, Record, messages_plain
+from align.data.schema import Conversation, OutcomePrompt, PreferencePair, Record, messages_plain, tools_plain
 
 SEQS_PER_ROW = {"sft": 1, "pairs": 2, "prompts": 1}
 
@@ -47,7 +49,8 @@ class Encoded:
 
 def _sequences(tokenizer, record: Record) -> list[tuple[list[int], list[int]]]:
     if isinstance(record, Conversation):
-        enc = tokenizer.encode_chat(messages_plain(record.messages))
+        tools = tools_plain(record)  # passed only when the record has them (the Mistral format refuses tools)
+        enc = tokenizer.encode_chat(messages_plain(record.messages), **({} if tools is None else {"tools": tools}))
         return [(enc.ids, enc.loss_mask)]
     if isinstance(record, PreferencePair):
         out = []

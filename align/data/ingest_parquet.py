@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 from align.data.hub import HttpConfig, is_url
 from align.data.readers import GLOB_CHARS, JsonlRows, ParquetRows, open_rows, source_files
 from align.data.outcome_agreement import outcome_agreement
-from align.data.schema import NORMALISED, from_row, RowError, content_hash, to_row, validate
+from align.data.schema import from_row, has_tools, layout, RowError, content_hash, to_row, validate
 from align.data.sources import FORMATS, make_records, type_name, type_ok
 from align.exceptions import DataError
 from align.utils.fsio import publish_dir, staging_dir
@@ -107,13 +107,17 @@ class IngestStats:
 
 def column_plan(src: SourceConfig, reader: ParquetRows | JsonlRows) -> dict[str, str]:
     """Map logical names (plus `_id`, `_group`) to file columns, checking presence and (parquet) type. A JSONL
-    file's columns are its first row's keys; its values are typed row by row (align.data.sources)."""
+    file's columns are its first row's keys, its optional columns read from every row (a row without the key
+    has it null: a first row without `tools` must not drop later rows' tools); its values are typed row by row
+    (align.data.sources)."""
     plan = {logical: src.columns.get(logical, logical) for logical in FORMATS[src.format].columns}
     names = reader.names()
-    for logical in FORMATS[src.format].optional:  # used when present (a JSONL file: in its first row)
-        if src.columns.get(logical, logical) in names:
+    for logical in FORMATS[src.format].optional:  # used when present (a JSONL file: any row may hold it)
+        if src.columns.get(logical, logical) in names or isinstance(reader, JsonlRows):
             plan[logical] = src.columns.get(logical, logical)
     for logical, column in plan.items():
+        if column not in names and logical in FORMATS[src.format].optional:
+            continue  # a JSONL file's optional column its first row lacks
         if column not in names:
             raise DataError(f"{reader.label}: missing column {column!r} (format {src.format!r} needs it as "
                             f"{logical!r}); columns present: {', '.join(names) or '(none: no readable first row)'}")
@@ -169,12 +173,42 @@ def _chained(files: list[tuple[str, ParquetRows | JsonlRows, dict[str, str]]], b
         yield from iter_rows(reader, plan, batch_rows)
 
 
+class _RecordsWriter:
+    """records.parquet in its kind's layout, switched to the tool layout (schema.NORMALISED_TOOLS) at the first
+    record with a tool field, the row groups written so far rewritten in it: a source without tools writes exactly
+    the layout it wrote before tools existed (same bytes)."""
+
+    def __init__(self, target: Path, kind: str):
+        self.target, self.kind, self.tools = target, kind, False
+        self.writer = pq.ParquetWriter(str(target), layout(kind, False), **WRITE_OPTIONS)
+
+    def write(self, records: list) -> None:
+        if not self.tools and any(has_tools(r) for r in records):
+            self._to_tool_layout()
+        rows = [to_row(r, self.tools) for r in records]
+        self.writer.write_table(pa.Table.from_pylist(rows, schema=layout(self.kind, self.tools)))
+
+    def _to_tool_layout(self) -> None:
+        self.writer.close()
+        plain = self.target.with_name(self.target.name + ".plain")
+        self.target.rename(plain)
+        self.tools = True
+        self.writer = pq.ParquetWriter(str(self.target), layout(self.kind, True), **WRITE_OPTIONS)
+        written = pq.ParquetFile(plain)
+        for group in range(written.num_row_groups):
+            self.write([from_row(self.kind, row) for row in written.read_row_group(group).to_pylist()])
+        plain.unlink()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
 def _write_records(name: str, src: SourceConfig, files: list[tuple[str, ParquetRows | JsonlRows, dict[str, str]]],
                    target: Path, screen: Screen | None = None) -> tuple[IngestStats, list[int]]:
     stats, seen, buffer, reached = IngestStats(), set(), [], []
-    schema = NORMALISED[src.kind]
     plan = files[0][2]  # for naming columns in rejections (every file maps the same logical names)
-    with pq.ParquetWriter(str(target), schema, **WRITE_OPTIONS) as writer:
+    writer = _RecordsWriter(target, src.kind)
+    try:
         for index, row in enumerate(_chained(files, src.batch_rows, reached)):
             if src.max_rows is not None and index >= src.max_rows:
                 break
@@ -197,13 +231,15 @@ def _write_records(name: str, src: SourceConfig, files: list[tuple[str, ParquetR
                 seen.add(digest)
                 if screen is not None and not screen.keep(index, record):
                     continue
-                buffer.append(to_row(record))
+                buffer.append(record)
                 stats.rows_out += 1
             if len(buffer) >= src.batch_rows:
-                writer.write_table(pa.Table.from_pylist(buffer, schema=schema))
+                writer.write(buffer)
                 buffer.clear()
         if buffer:
-            writer.write_table(pa.Table.from_pylist(buffer, schema=schema))
+            writer.write(buffer)
+    finally:
+        writer.close()
     return stats, reached
 
 

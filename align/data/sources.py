@@ -5,7 +5,7 @@ columns with default names; a source config can rename them (`columns = { questi
 
 | format          | logical columns (type)                        | kinds          |
 |-----------------|-----------------------------------------------|----------------|
-| messages        | messages (list<struct<role, content>>)         | sft            |
+| messages        | messages (list<struct<role, content>>); optional tools (JSON text or list) | sft |
 | prompt_response | prompt (string), response (string)            | sft            |
 | gsm8k           | question (string), answer (string, `#### N`)  | sft, prompts   |
 | math            | problem (string), solution (string, \\boxed)   | sft, prompts   |
@@ -21,12 +21,20 @@ chosen and rejected responses and their ratings); a row whose chosen rating is n
 rejection, not a pair. `prm800k` rows (align.data.prm800k) become one step-labelled record, or several step-level
 preference pairs.
 
+A `messages` row may carry tools in the OpenAI / Hugging Face layout: `tool_calls` on assistant turns (a list of
+`{"type": "function", "function": {"name", "arguments"}}`, or its JSON text; the turn's content may be null or
+empty), `tool` turns with `tool_call_id` / `name` where present, and a `tools` column of function definitions
+(JSON schema: a JSON text, or a list). Inside tool calls and definitions, keys whose value is null are dropped: a
+parquet struct column fills every key any row has with null, which no template should render (write JSON text to
+keep a null). Validation (align.data.schema) names the row and field, e.g. `messages[2].tool_calls[0].function.name`.
+
 GSM8K solutions become worked solutions in the bundled task's style: calculator annotations `<<48/2=24>>` are
 dropped and the final `#### N` line becomes `The answer is \\boxed{N}.`, so every SFT source teaches one answer
 format, the one the verifier reads."""
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 
@@ -35,7 +43,7 @@ import pyarrow as pa
 from align.data.prm800k import prm800k_records
 from align.data.schema import Conversation, Message, OutcomePrompt, PreferencePair, Record, RowError
 
-TEXT, MESSAGES, OBJECT, NUMBER = "text", "messages", "object", "number"
+TEXT, MESSAGES, OBJECT, NUMBER, JSON = "text", "messages", "object", "number", "json"
 
 
 @dataclass(frozen=True)
@@ -49,7 +57,7 @@ class Format:
 
 
 FORMATS = {
-    "messages": Format({"messages": MESSAGES}, ("sft",)),
+    "messages": Format({"messages": MESSAGES}, ("sft",), {"tools": JSON}),
     "prompt_response": Format({"prompt": TEXT, "response": TEXT}, ("sft",)),
     "gsm8k": Format({"question": TEXT, "answer": TEXT}, ("sft", "prompts")),
     "math": Format({"problem": TEXT, "solution": TEXT}, ("sft", "prompts"), {"answer": TEXT}),
@@ -72,6 +80,8 @@ def type_ok(arrow_type: pa.DataType, expected: str) -> bool:
         return pa.types.is_struct(arrow_type)
     if expected == NUMBER:
         return pa.types.is_integer(arrow_type) or pa.types.is_floating(arrow_type)
+    if expected == JSON:  # JSON text, or the data itself as a list
+        return type_ok(arrow_type, TEXT) or pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type)
     if not (pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type)):
         return False
     item = arrow_type.value_type
@@ -82,7 +92,7 @@ def type_ok(arrow_type: pa.DataType, expected: str) -> bool:
 
 
 def type_name(expected: str) -> str:
-    return {TEXT: "string", OBJECT: "struct", NUMBER: "a number"}.get(expected,
+    return {TEXT: "string", OBJECT: "struct", NUMBER: "a number", JSON: "string (JSON) or list"}.get(expected,
                                                                       "list<struct<role: string, content: string>>")
 
 
@@ -131,15 +141,51 @@ def math_gold(solution: str, answer: str | None = None) -> str:
 
 # ---------------------------------------------------------------------------------------------------- mapping
 
-def _messages(field: str, raw: object) -> tuple[Message, ...]:
+def _messages(field: str, raw: object, tools: bool = False) -> tuple[Message, ...]:
     if not isinstance(raw, list):
         raise RowError(field, f"expected a list of messages, got {type(raw).__name__}")
+    out = []
     for i, m in enumerate(raw):
-        if not isinstance(m, dict) or m.get("role") is None or m.get("content") is None:
+        calls = _json_field(f"{field}[{i}].tool_calls", m.get("tool_calls")) if tools and isinstance(m, dict) else None
+        if not isinstance(m, dict) or m.get("role") is None or (m.get("content") is None and not calls):
             raise RowError(f"{field}[{i}]", "expected a message with non-null role and content")
-        if not isinstance(m["role"], str) or not isinstance(m["content"], str):
+        content = "" if m.get("content") is None else m["content"]  # an assistant turn that only calls tools
+        if not isinstance(m["role"], str) or not isinstance(content, str):
             raise RowError(f"{field}[{i}]", "expected string role and content")
-    return tuple(Message(m["role"], m["content"]) for m in raw)
+        if not tools:
+            out.append(Message(m["role"], content))
+            continue
+        extras = {key: m.get(key) for key in ("tool_call_id", "name")}
+        for key, value in extras.items():
+            if value is not None and not isinstance(value, str):
+                raise RowError(f"{field}[{i}].{key}", f"expected a string, got {type(value).__name__}")
+        out.append(Message(m["role"], content, None if calls is None else tuple(calls), **extras))
+    return tuple(out)
+
+
+def _drop_nulls(value):
+    if isinstance(value, dict):
+        return {k: _drop_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_drop_nulls(v) for v in value]
+    return value
+
+
+def _json_field(field: str, value: object) -> list | None:
+    """A list given as JSON text or as the list itself (nulls inside dropped), or None when absent."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise RowError(field, f"is not valid JSON ({exc})") from None
+        if not isinstance(value, list):
+            raise RowError(field, f"expected a JSON list, got {type(value).__name__}")
+        return value
+    if not isinstance(value, list):
+        raise RowError(field, f"expected a list or its JSON text, got {type(value).__name__}")
+    return _drop_nulls(value)
 
 
 def _user(text: str) -> tuple[Message, ...]:
@@ -173,6 +219,8 @@ def _check_types(fmt: str, row: dict) -> None:
             raise RowError(col, f"expected an object, got {type(value).__name__}")
         if expected == NUMBER and (isinstance(value, bool) or not isinstance(value, (int, float))):
             raise RowError(col, f"expected a number, got {type(value).__name__}")
+        if expected == JSON and not isinstance(value, (str, list)):
+            raise RowError(col, f"expected a list or its JSON text, got {type(value).__name__}")
 
 
 def _argilla_responses(row: dict, rid: str, group: str) -> PreferencePair:
@@ -195,7 +243,9 @@ def make_record(fmt: str, kind: str, row: dict, rid: str, group: str) -> Record:
     """One record from one row (logical column names), or `RowError` naming the logical column."""
     _check_types(fmt, row)
     if fmt == "messages":
-        return Conversation(rid, _messages("messages", row["messages"]), group)
+        tools = _json_field("tools", row.get("tools"))
+        return Conversation(rid, _messages("messages", row["messages"], tools=True), group,
+                            None if tools is None else tuple(tools))
     if fmt == "prompt_response":
         return Conversation(rid, (Message("user", row["prompt"]), Message("assistant", row["response"])), group)
     if fmt == "argilla":

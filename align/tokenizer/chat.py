@@ -72,9 +72,14 @@ def _validate(messages: list[dict]) -> tuple[str | None, list[dict]]:
         if not isinstance(message, dict) or "role" not in message or "content" not in message:
             raise DataError(f"chat: message {n} must be a dict with 'role' and 'content', got {message!r:.80}")
         if message["role"] not in ROLES:
-            raise DataError(f"chat: message {n} has role {message['role']!r}; supported: {', '.join(ROLES)}")
+            raise DataError(f"chat: message {n} has role {message['role']!r}; supported: {', '.join(ROLES)} (the "
+                            f"Mistral v0.3 format has no tool turns)")
         if not isinstance(message["content"], str):
             raise DataError(f"chat: message {n} content must be a string, got {type(message['content']).__name__}")
+        tool_keys = sorted(k for k in ("tool_calls", "tool_call_id") if message.get(k) is not None)
+        if tool_keys:  # the v0.3 template here has no tool turns: never drop a call silently
+            raise DataError(f"chat: message {n} has {', '.join(tool_keys)}; the Mistral v0.3 format has no tool calls "
+                            f"or tool results (use a tokenizer directory whose chat template renders tools)")
     system = messages[0]["content"] if messages[0]["role"] == "system" else None
     turns = list(messages[1:] if system is not None else messages)
     offset = len(messages) - len(turns)

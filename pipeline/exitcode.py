@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import signal
 import sys
 
 _codes: list[int] = []
@@ -34,13 +35,23 @@ def interrupted_quietly() -> None:
     _quiet_interrupt = True
 
 
+def _stop(signum, _frame) -> None:
+    """SIGINT / SIGTERM while no worker runs (the supervisor forwards them while one does): unwind doit as Ctrl-C
+    does (it saves its database), exiting 128 + the signal."""
+    if not _codes:
+        _codes.append(128 + signum)
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
 def _excepthook(kind, value, tb, _previous=sys.excepthook) -> None:
     """Ctrl-C / SIGTERM end doit without a Python traceback: one line (the launcher's, or this one between tasks)."""
     if not issubclass(kind, KeyboardInterrupt):
         _previous(kind, value, tb)
         return
     if not _quiet_interrupt:
-        print("doit: interrupted (no task was running a worker)", file=sys.stderr, flush=True)
+        said = f" by {value}" if str(value).startswith("SIG") else ""
+        print(f"doit: interrupted{said} while no worker was running; nothing was half-done", file=sys.stderr,
+              flush=True)
     if not _codes:
         _codes.append(INTERRUPTED)
 
@@ -64,4 +75,6 @@ def install() -> None:
     if not _installed and _is_doit_cli():
         atexit.register(_exit_with_recorded)
         sys.excepthook = _excepthook
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, _stop)
         _installed = True

@@ -158,6 +158,8 @@ def execute(launch: Launch) -> TaskFailed | None:
     finally:
         if lock is not None:
             lock.release()
+    if result.signalled and result.exit_code == 0:
+        return _finished_then_interrupted(launch, t0)
     if result.signalled:
         # Ctrl-C / SIGTERM reached doit (and, forwarded, the worker, which stopped cleanly): stop the whole run the
         # way doit stops on Ctrl-C (it saves its database and runs nothing else), exiting with the worker's code.
@@ -170,6 +172,23 @@ def execute(launch: Launch) -> TaskFailed | None:
         said = result.last_line.removeprefix("align: ")
         return _fail(result.exit_code, f"{launch.task}: worker exited {result.exit_code}: {said} "
                                        f"[{result.reason}; log {relative_to_root(launch.log, launch.root)}]")
+    return _receipt(launch, t0)
+
+
+def _finished_then_interrupted(launch: Launch, t0: float) -> TaskFailed | None:
+    """The interrupt came as the worker was publishing: its outputs are complete, so the task gets its receipt;
+    then doit stops as for any interrupt (exit 130), running nothing else."""
+    failed = _receipt(launch, t0)
+    if failed is not None:
+        return failed
+    exitcode.record(exitcode.INTERRUPTED)
+    print(f"align: {launch.task}: interrupted as its worker finished (exit 0); the task is complete; nothing else "
+          "runs", file=sys.stderr, flush=True)
+    exitcode.interrupted_quietly()
+    raise KeyboardInterrupt(f"{launch.task}: interrupted after it finished")
+
+
+def _receipt(launch: Launch, t0: float) -> TaskFailed | None:
     missing = [str(p) for p in launch.targets if not p.is_file()]
     if missing:
         return _fail(1, f"{launch.task}: worker exited 0 but did not publish {', '.join(missing)}")

@@ -11,6 +11,11 @@ sequences of (ids, loss_mask):
 - prompts: the prompt with the template's generation prompt (`[/INST]`, `<|im_start|>assistant\n`, ...; mask all
   0), the gold answer kept as text beside it.
 
+Every render gets the template variable `date_string` from `EncodingConfig.date_string`: Llama 3.x templates write
+"Today Date: {date_string}" into the system header, and without it they call `strftime_now`, so the ids would
+depend on the day the shards were built. The pin is part of the config, so of the shard build's identity: a
+change rebuilds the shards. (Formats that do not read it, Mistral's and Qwen's, encode exactly as without it.)
+
 A sequence longer than `max_len` is dropped (counted) or truncated from the right, per `EncodingConfig.too_long`;
 a pair is dropped or kept whole, never with one arm alone."""
 
@@ -24,6 +29,8 @@ import numpy as np
 from align.data.schema import Conversation, OutcomePrompt, PreferencePair, Record, messages_plain, tools_plain
 
 SEQS_PER_ROW = {"sft": 1, "pairs": 2, "prompts": 1}
+# the date Llama 3.x templates write when given neither date_string nor a clock (their own fallback)
+DEFAULT_DATE_STRING = "26 Jul 2024"
 
 
 @dataclass(frozen=True)
@@ -32,10 +39,13 @@ class EncodingConfig:
 
     max_len: int = 512
     too_long: Literal["drop", "truncate"] = "drop"  # truncate keeps the first max_len tokens
+    date_string: str = DEFAULT_DATE_STRING  # the template's `date_string` (never the build machine's clock)
 
     def __post_init__(self):
         if self.max_len < 2:
             raise ValueError(f"max_len must be >= 2, got {self.max_len}")
+        if not self.date_string.strip():
+            raise ValueError("date_string must be a non-empty date as the template writes it, e.g. \"26 Jul 2024\"")
 
 
 @dataclass(frozen=True)
@@ -47,26 +57,29 @@ class Encoded:
     truncated: bool = False
 
 
-def _sequences(tokenizer, record: Record) -> list[tuple[list[int], list[int]]]:
+def _sequences(tokenizer, record: Record, cfg: EncodingConfig) -> list[tuple[list[int], list[int]]]:
+    pinned = {"date_string": cfg.date_string}
     if isinstance(record, Conversation):
         tools = tools_plain(record)  # passed only when the record has them (the Mistral format refuses tools)
-        enc = tokenizer.encode_chat(messages_plain(record.messages), **({} if tools is None else {"tools": tools}))
+        enc = tokenizer.encode_chat(messages_plain(record.messages), **({} if tools is None else {"tools": tools}),
+                                    **pinned)
         return [(enc.ids, enc.loss_mask)]
     if isinstance(record, PreferencePair):
         out = []
         for reply in (record.chosen, record.rejected):
-            enc = tokenizer.encode_chat(messages_plain(record.prompt) + [{"role": "assistant", "content": reply}])
+            enc = tokenizer.encode_chat(messages_plain(record.prompt) + [{"role": "assistant", "content": reply}],
+                                        **pinned)
             out.append((enc.ids, enc.loss_mask))
         return out
     if isinstance(record, OutcomePrompt):
-        ids = tokenizer.encode_prompt(messages_plain(record.prompt))
+        ids = tokenizer.encode_prompt(messages_plain(record.prompt), **pinned)
         return [(ids, [0] * len(ids))]
     raise TypeError(f"not a record: {type(record).__name__}")
 
 
 def encode_record(tokenizer, record: Record, cfg: EncodingConfig) -> Encoded | None:
     """The row's sequences, or None when a sequence is too long and the policy is to drop it."""
-    seqs = _sequences(tokenizer, record)
+    seqs = _sequences(tokenizer, record, cfg)
     too_long = any(len(ids) > cfg.max_len for ids, _ in seqs)
     if too_long and cfg.too_long == "drop":
         return None

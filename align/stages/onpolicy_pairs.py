@@ -29,6 +29,7 @@ import pyarrow.parquet as pq
 import torch
 
 from align.config import load_cli_config, run_dir_from_env, write_resolved_config
+from align.data.encoding import DEFAULT_DATE_STRING
 from align.data.ingest_parquet import MANIFEST_KIND, RECORDS, WRITE_OPTIONS
 from align.data.onpolicy import JudgedSample, OnPolicyConfig, choose_pair, summarise
 from align.data.schema import NORMALISED, PreferencePair, from_row, messages_plain, to_row, validate
@@ -81,7 +82,8 @@ def problems_of(pairs: list[PreferencePair], tok, source: Path) -> list[Problem]
         if gold is None:
             raise DataError(f"{source / RECORDS}: row {row} (id {pair.id!r}): the chosen response has no \\boxed{{}} "
                             f"answer; on-policy pairs need a verifiable gold answer in every chosen response")
-        ids = tok.encode_prompt(messages_plain(pair.prompt))  # the tokenizer directory's own chat format
+        # the tokenizer directory's own chat format, the date pinned as the shards pin it (align.data.encoding)
+        ids = tok.encode_prompt(messages_plain(pair.prompt), date_string=DEFAULT_DATE_STRING)
         out.append(Problem(row, pair.id, pair.group, gold, tuple(ids)))
     return out
 

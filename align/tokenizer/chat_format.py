@@ -56,7 +56,12 @@ class MistralChat:
         return chat.encode_prompt(tok, messages)
 
 
+# variables every caller may pin and the v0.3 template does not read (its text has no date): taken, ignored
+MISTRAL_IGNORED_VARIABLES = frozenset({"date_string"})
+
+
 def _no_extras(tools, template_kwargs) -> None:
+    template_kwargs = {k: v for k, v in template_kwargs.items() if k not in MISTRAL_IGNORED_VARIABLES}
     if tools is not None or template_kwargs:
         raise DataError("chat: the Mistral v0.3 format takes no tools or template variables "
                         f"(got {'tools' if tools is not None else sorted(template_kwargs)})")

@@ -44,6 +44,8 @@ class ScoredSample:
     finish_reason: str
     weight_version: int
     reward: SampleReward
+    policy_mask: tuple[float, ...] | None = None  # multi-turn (align.rl.environment): 0 on the environment's
+    # observation tokens, which never train; None: every completion token is the policy's
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,179 @@
+"""Multi-turn environments: the `Environment` seam, the calculator tool, and `run_episode`, the driver that samples
+the policy's turns through a RolloutClient and appends the environment's observations between them.
+
+    env.reset(prompt, meta)                 a fresh episode for one prompt row
+    env.step(text) -> EnvStep(observation, done)
+                                            text: what the policy wrote since the last step (one segment: up to a
+                                            stop token); observation: text appended after it ("" for none)
+    env.reward(completion) -> float         the episode's reward, from the whole completion (observations included)
+
+`run_episode` samples a segment (stop at EOS or at a newline token: a tool call is one line), hands it to the
+environment, encodes the observation and appends it, and samples again from prompt + everything so far, until EOS,
+`done`, `max_turns` observations or `max_tokens` completion tokens (policy + observation). Each segment is its own
+request with a seed derived from (episode seed, segment), so an episode is a pure function of the weights. The
+result marks every token: 1 for the policy's own (they train), 0 for the environment's (never trained: the policy did
+not choose them; their log-probs are 0). The engine's prefix cache (EngineConfig) serves the repeated prefix of each
+continuation instead of recomputing it.
+
+`CalculatorEnv`: a line holding `<calc>EXPR</calc>` is answered with `<result>VALUE</result>` (integer and decimal
+arithmetic: + - * / // % ** and parentheses, exact by fractions, bounded; anything else `<result>error</result>`);
+the reward is the verifier's verdict of the completion against the row's gold.
+
+What this is not yet: GRPO's batch source does not drive it (its rollouts are one prompt, one completion), the
+observation is plain text inside the assistant's reply (the Mistral template has no tool role; a family whose
+template has one would wrap it there), and no rung trains a policy to call the calculator."""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Callable, Protocol
+
+from align.eval.verifier import score
+from align.inference.config import SamplingParams
+from align.inference.sequence import derive_seed
+from align.rollout.protocol import RolloutClient, RolloutRequest
+
+CALL = re.compile(r"<calc>(.*?)</calc>", re.DOTALL)
+MAX_DIGITS = 60  # a value with more digits (numerator or denominator) is an error, not a bignum computation
+
+
+@dataclass(frozen=True)
+class EnvStep:
+    observation: str = ""
+    done: bool = False
+
+
+class Environment(Protocol):
+    def reset(self, prompt: str, meta: dict) -> None: ...
+
+    def step(self, text: str) -> EnvStep: ...
+
+    def reward(self, completion: str) -> float: ...
+
+
+def calculate(expr: str) -> Fraction:
+    """Exact value of an arithmetic expression (ValueError for anything else or anything too large)."""
+    try:
+        tree = ast.parse(expr.strip(), mode="eval")
+    except SyntaxError:
+        raise ValueError("not an expression") from None
+
+    def value(node: ast.AST) -> Fraction:
+        if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+            out = Fraction(str(node.value))
+        elif isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+            out = value(node.operand) * (-1 if isinstance(node.op, ast.USub) else 1)
+        elif isinstance(node, ast.BinOp):
+            a, b = value(node.left), value(node.right)
+            op = type(node.op)
+            if op in (ast.Div, ast.FloorDiv, ast.Mod) and b == 0:
+                raise ValueError("division by zero")
+            if op is ast.Pow:
+                if b.denominator != 1 or abs(b) > 64:
+                    raise ValueError("exponent must be an integer up to 64")
+                out = a ** int(b)
+            else:
+                out = {ast.Add: lambda: a + b, ast.Sub: lambda: a - b, ast.Mult: lambda: a * b,
+                       ast.Div: lambda: a / b, ast.FloorDiv: lambda: Fraction(a // b),
+                       ast.Mod: lambda: a % b}.get(op, lambda: None)()
+                if out is None:
+                    raise ValueError(f"operator {op.__name__} is not arithmetic")
+        else:
+            raise ValueError(f"{type(node).__name__} is not arithmetic")
+        if max(len(str(abs(out.numerator))), len(str(out.denominator))) > MAX_DIGITS:
+            raise ValueError("value too large")
+        return out
+
+    return value(tree.body)
+
+
+def show(value: Fraction) -> str:
+    """An integer as itself, anything else as a decimal to 6 places (trailing zeros cut)."""
+    if value.denominator == 1:
+        return str(value.numerator)
+    return f"{float(value):.6f}".rstrip("0").rstrip(".")
+
+
+class CalculatorEnv:
+    """The calculator tool over one episode (module doc)."""
+
+    def __init__(self, verifier: Callable = score):
+        self.verifier, self.gold, self.calls = verifier, "", 0
+
+    def reset(self, prompt: str, meta: dict) -> None:
+        self.gold, self.calls = str(meta.get("gold", "")), 0
+
+    def step(self, text: str) -> EnvStep:
+        found = CALL.findall(text)
+        if not found:
+            return EnvStep()
+        self.calls += 1
+        try:
+            result = show(calculate(found[-1]))
+        except (ValueError, ZeroDivisionError, OverflowError):
+            result = "error"
+        return EnvStep(f"<result>{result}</result>\n")
+
+    def reward(self, completion: str) -> float:
+        verdict = self.verifier(completion, self.gold).reward
+        return float(verdict or 0.0)
+
+
+@dataclass(frozen=True)
+class Episode:
+    completion_ids: tuple[int, ...]  # policy and observation tokens, in order
+    policy_mask: tuple[float, ...]  # 1: the policy's token (trains), 0: the environment's (never trains)
+    logprobs: tuple[float, ...]  # the sampler's log-prob of each policy token; 0 on observation tokens
+    finish_reason: str  # stop (EOS or the environment's done) | length (a token budget) | turns | error
+    turns: int  # observations appended
+    reward: float
+    weight_version: int
+
+
+def run_episode(client: RolloutClient, prompt_ids: tuple[int, ...], env: Environment, *, prompt: str, meta: dict,
+                encode: Callable[[str], list[int]], decode: Callable[[list[int]], str], eos_id: int,
+                newline_ids: tuple[int, ...], temperature: float, max_tokens: int, max_turns: int, seed: int
+                ) -> Episode:
+    """One episode (module doc)."""
+    env.reset(prompt, meta)
+    ids: list[int] = []
+    mask: list[float] = []
+    logp: list[float] = []
+    turns, segment, finish, version = 0, 0, "length", -1
+    while len(ids) < max_tokens:
+        params = SamplingParams(temperature=temperature, max_new_tokens=max_tokens - len(ids),
+                                stop_token_ids=(eos_id, *newline_ids))
+        request = RolloutRequest(tuple(prompt_ids) + tuple(ids), 1, params, seed=derive_seed(seed, segment))
+        res = client.collect(client.submit([request])).results[0]
+        segment += 1
+        version = res.weight_version
+        if res.finish_reason == "error":
+            finish = "error"
+            break
+        ids += res.completion_ids
+        mask += [1.0] * len(res.completion_ids)
+        logp += res.logprobs
+        if res.completion_ids and res.completion_ids[-1] == eos_id:
+            finish = "stop"
+            break
+        if res.finish_reason == "length" or len(ids) >= max_tokens:
+            finish = "length"
+            break
+        step = env.step(decode(list(res.completion_ids)))
+        if step.done:
+            finish = "stop"
+            break
+        if step.observation:
+            if turns >= max_turns:
+                finish = "turns"
+                break
+            obs = encode(step.observation)[: max_tokens - len(ids)]
+            ids += obs
+            mask += [0.0] * len(obs)
+            logp += [0.0] * len(obs)
+            turns += 1
+    reward = env.reward(decode(ids))
+    return Episode(tuple(ids), tuple(mask), tuple(logp), finish, turns, reward, version)

@@ -1,0 +1,119 @@
+"""align.rl.environment: the calculator tool, the multi-turn episode driver on the real engine (a tiny random
+policy), and the mask that keeps an environment's observation tokens out of the GRPO loss (with a mutation check)."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import pytest
+import torch
+
+from align.rl.assembly import assemble
+from align.rl.environment import CalculatorEnv, EnvStep, calculate, run_episode, show
+from align.rl.rewards import SampleReward
+from align.rl.types import Group, ScoredSample
+from rl_fixtures import EOS, decode, make_client, make_module, tiny_model, train_window
+
+OBS = (7, 8, 9)  # what the test environment answers, in the fixtures' "vocabulary" (decode: ids joined by spaces)
+
+
+def test_calculate_is_exact_and_refuses_everything_but_arithmetic():
+    assert calculate("3 * (4 + 5) - 2 ** 3") == 19 and calculate("7 / 2") == Fraction(7, 2)
+    assert calculate("-7 // 2") == -4 and calculate("7 % 3") == 1 and calculate("0.1 + 0.2") == Fraction(3, 10)
+    assert show(Fraction(7, 2)) == "3.5" and show(Fraction(1, 3)) == "0.333333" and show(Fraction(12)) == "12"
+    for bad in ("__import__('os')", "().__class__", "x + 1", "2 ** 1000", "10 ** 64 * 10 ** 64", "1 / 0",
+                "'a' * 3", "[1, 2]", "2 ** 0.5", "3 +"):
+        with pytest.raises((ValueError, ZeroDivisionError)):
+            calculate(bad)
+
+
+def test_calculator_env_answers_a_call_and_rewards_by_the_verifier():
+    env = CalculatorEnv()
+    env.reset("What is 17 * 23?", {"gold": "391"})
+    assert env.step("I will compute.\n") == EnvStep()
+    assert env.step("<calc>17 * 23</calc>\n") == EnvStep("<result>391</result>\n")
+    assert env.step("<calc>17 * </calc>\n").observation == "<result>error</result>\n" and env.calls == 2
+    assert env.reward("<calc>17 * 23</calc>\n<result>391</result>\nThe answer is \\boxed{391}.") == 1.0
+    assert env.reward("The answer is \\boxed{390}.") == 0.0
+
+
+class EveryLine:
+    """A real (trivial) environment: answers every segment with the same observation, done never."""
+
+    def __init__(self):
+        self.steps = 0
+
+    def reset(self, prompt, meta):
+        self.steps = 0
+
+    def step(self, text):
+        self.steps += 1
+        return EnvStep(" ".join(map(str, OBS)))
+
+    def reward(self, completion):
+        return float(len(completion))
+
+
+def episode(client, seed=0, max_turns=3, max_tokens=24):
+    return run_episode(client, (1, 10, 11), EveryLine(), prompt="", meta={},
+                       encode=lambda text: [int(t) for t in text.split()], decode=decode, eos_id=EOS,
+                       newline_ids=tuple(range(3, 40)), temperature=1.0, max_tokens=max_tokens,
+                       max_turns=max_turns, seed=seed)
+
+
+def test_episode_interleaves_policy_segments_and_masked_observations():
+    client = make_client(tiny_model())
+    ep = episode(client)
+    ids, mask = list(ep.completion_ids), list(ep.policy_mask)
+    assert len(ids) == len(mask) == len(ep.logprobs) <= 24 and ep.turns >= 1
+    assert mask.count(0.0) == 3 * ep.turns  # every observation token, and only those, is masked
+    for i, m in enumerate(mask):
+        if m == 0.0:
+            assert ids[i] in OBS and ep.logprobs[i] == 0.0
+        else:
+            assert ep.logprobs[i] < 0.0  # sampled at temperature 1
+    starts = [i for i in range(len(mask)) if mask[i] == 0.0 and (i == 0 or mask[i - 1] == 1.0)]
+    assert all(tuple(ids[s:s + 3]) == OBS for s in starts)
+    assert ep.finish_reason in ("stop", "length", "turns") and ep.turns <= 3
+    assert episode(client) == ep  # a pure function of the weights and the seed
+    assert episode(client, seed=1) != ep
+
+
+def test_budgets_bound_an_episode():
+    client = make_client(tiny_model())
+    ep = episode(client, max_turns=0, max_tokens=40)
+    assert ep.turns == 0 and ep.finish_reason in ("turns", "stop", "length")
+    short = episode(client, max_turns=50, max_tokens=6)
+    assert len(short.completion_ids) <= 6
+
+
+def sample(ids, policy_mask, logprobs, total):
+    reward = SampleReward(total, float(total), True, 0.0, False)
+    return ScoredSample(0, (1, 10, 11), tuple(ids), tuple(logprobs), "stop", 0, reward,
+                        None if policy_mask is None else tuple(policy_mask))
+
+
+def test_observation_tokens_get_no_loss_weight():
+    """The policy's update ignores what is recorded at observation positions: the same step whatever their
+    behaviour log-probs say. Mutation check: without the mask (assemble ignoring `policy_mask`) the steps differ."""
+    ids, mask = [20, 21, 7, 8, 9, 22, EOS], [1, 1, 0, 0, 0, 1, 1]
+    logp = [-1.0, -1.2, 0.0, 0.0, 0.0, -0.8, -0.5]
+    odd = [x if m else -9.0 for x, m in zip(logp, mask)]  # different "log-probs" on the observation tokens only
+
+    def step(logprobs, masked=True):
+        group = Group(0, (sample(ids, mask if masked else None, logprobs, 1.0),
+                          sample(ids[:2] + [EOS], None, logp[:2] + [-0.4], 0.0)))
+        batch = assemble([group], torch.tensor([[1.0, -1.0]]), "keep")
+        batch["old_from_forward"] = False
+        model = tiny_model(3)
+        module = make_module(model, make_client(model), lr=1e-2)
+        train_window(module, [batch])
+        return batch, [p.detach().clone() for p in module.model.parameters()]
+
+    batch, a = step(logp)
+    assert batch["loss_mask"][0].tolist() == mask and batch["completion_mask"][0].tolist() == [1.0] * 7
+    _, b = step(odd)
+    assert all(torch.equal(x, y) for x, y in zip(a, b))  # the observation positions carried nothing
+    _, c = step(logp, masked=False)
+    _, d = step(odd, masked=False)
+    assert not all(torch.equal(x, y) for x, y in zip(c, d))  # unmasked, they would have

@@ -37,8 +37,12 @@ def _align(case) -> str:
         return f"E {type(e).__name__}: {e}"
 
 
+_PICTURES = {c: 0x2400 + c for c in range(32) if c != 10}  # control characters as their pictures (␌ for \f)
+
+
 def _cell(text: str) -> str:
-    return "`" + text.replace("⏎", " ").replace("\n", "⏎").replace("|", "\\|").replace("`", "'")[:90] + "`"
+    text = text.replace("⏎", " ").replace("\n", "⏎").translate(_PICTURES)
+    return "`" + text.replace("|", "\\|").replace("`", "'")[:90] + "`"
 
 
 def run() -> tuple[list, list[str], list[str]]:
@@ -52,7 +56,7 @@ def table(cases, ours, theirs) -> list[str]:
     rows = ["| case | line | category | gold | pred | label | align | math_verify | right |",
             "|---|---|---|---|---|---|---|---|---|"]
     for c, a, m in zip(cases, ours, theirs):
-        if a != m:
+        if a != m and m != "T":  # a math_verify timeout is reported, not compared (its verdict depends on load)
             label = "1" if c.expected == 1.0 else "0"
             right = "align" if a == label else "math_verify"
             rows.append(f"| `{c.case_id}` | {c.line} | {c.category} | {_cell(c.gold)} | {_cell(c.response)} | {label} "
@@ -79,7 +83,8 @@ def test_align_beats_math_verify_and_every_disagreement_is_listed():
     actual = {_ROW.match(r).group(1): _ROW.match(r).group(2) for r in table(cases, ours, theirs)[2:]}
     listed = _listed()
     missing = {k: v for k, v in actual.items() if listed.get(k) != v}
-    stale = sorted(set(listed) - set(actual))
+    timed_out = {c.case_id for c, m in zip(cases, theirs) if m == "T"}
+    stale = sorted(set(listed) - set(actual) - timed_out)
     assert not missing and not stale, (f"docs/MEASUREMENTS.md disagreement list is out of date ({len(missing)} missing "
                                        f"or changed, stale {stale}); rewrite: python {Path(__file__).name} --write")
 

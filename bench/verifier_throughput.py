@@ -13,7 +13,7 @@ case where a group shares one gold). math_verify runs in this process's main thr
 reported: align's worst single-call latency on the corpus' adversarial cases (tests/verify/corpus.txt), and the
 `equiv_*` keys: `are_equivalent` on the equivalence corpus (tests/verify/equiv_corpus.txt, answers and whole
 responses on either side) beside math_verify's default `verify(parse(gold), parse(pred))`, with each one's number
-of right verdicts against the corpus labels.
+of right verdicts against the corpus labels and align's cold per-call latency percentiles (p50, p99, max).
 
     .venv/bin/python bench/verifier_throughput.py [--pairs 2000] [--seed 0] [--mv-pairs 2000]
 """
@@ -190,11 +190,19 @@ def _equiv_corpus() -> dict:
     labels = [c.expected == 1.0 for c in cases]
     _read_cached.cache_clear()
     t0, c0 = time.perf_counter(), time.process_time()
-    ours = [are_equivalent(c.gold, c.response) is True for c in cases]
+    ours, each_ms = [], []
+    for c in cases:  # per-call times too: the latency percentiles of a cold call
+        t_call = time.perf_counter()
+        ours.append(are_equivalent(c.gold, c.response) is True)
+        each_ms.append((time.perf_counter() - t_call) * 1000)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    each_ms.sort()
     out = {"equiv_cases": len(cases), "equiv_align_calls_per_s_cold": round(len(cases) / wall),
            "equiv_align_calls_per_cpu_s_cold": round(len(cases) / cpu),
-           "equiv_align_right": sum(a == t for a, t in zip(ours, labels))}
+           "equiv_align_right": sum(a == t for a, t in zip(ours, labels)),
+           "equiv_align_p50_ms": round(each_ms[len(each_ms) // 2], 3),
+           "equiv_align_p99_ms": round(each_ms[int(len(each_ms) * 0.99)], 3),
+           "equiv_align_max_ms": round(each_ms[-1], 3)}
     try:
         from math_verify import parse, verify
     except ImportError:

@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from align.data.mixture import RowMixture
+
 
 @dataclass
 class PromptSet:
@@ -17,10 +19,12 @@ class PromptSet:
     gold: Callable[[int], str]
     groups: list[str]
     meta: Callable[[int], dict] | None = None
+    mixture: RowMixture | None = None  # a mixture split's sources and weights: the RL prompt draw follows them
+
 
     @classmethod
     def from_shards(cls, shards) -> "PromptSet":
         metas = [shards.meta(r) for r in range(len(shards))]
         return cls(ids=lambda r: tuple(int(t) for t in shards.sequence(int(r))[0]),
                    gold=lambda r: metas[int(r)]["gold"], groups=[str(m["group"]) for m in metas],
-                   meta=lambda r: dict(metas[int(r)]))
+                   meta=lambda r: dict(metas[int(r)]), mixture=shards.mixture)

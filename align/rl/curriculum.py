@@ -1,7 +1,9 @@
 """`PromptCurriculum`: which prompt rows GRPO samples next, seeded, and resumable to the row.
 
 Each epoch is a permutation of the prompt rows drawn from (seed, epoch) alone, so any epoch's order can be re-derived
-after a restart. With several ranks, rank r takes positions r, r + W, r + 2W, ... of every epoch (disjoint streams;
+after a restart. A prompt shard set built as a mixture (`[mixtures.<split>]`, its manifest's `mixture`) draws each
+epoch by the mixture's weights instead: `RowMixture.order(seed, epoch)` (align.data.mixture, the rule the SFT/DPO
+loader uses: each source's share of the epoch, its rows repeated or left out), again from (seed, epoch) alone. With several ranks, rank r takes positions r, r + W, r + 2W, ... of every epoch (disjoint streams;
 a top-up on one rank never shifts another's prompts).
 
     order "shuffle":   every epoch a fresh seeded permutation
@@ -13,8 +15,8 @@ a top-up on one rank never shifts another's prompts).
                        If every row is solved the memory is cleared rather than loop forever.
 
 State (`state_dict`): epoch, offset (positions of this rank's stream consumed in that epoch), the solved rows and the
-epoch each was solved in, and what the order depends on (seed, rows, config); `load_state_dict` refuses a state
-taken over other rows or another seed."""
+epoch each was solved in, and what the order depends on (seed, rows, config, and a mixture's weights and sources
+when there is one); `load_state_dict` refuses a state taken over other rows, another seed or another mixture."""
 
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from typing import Literal, Sequence
 
 import torch
 
+from align.data.mixture import RowMixture
 from align.exceptions import ArtifactError
 from align.inference.sequence import derive_seed
 
@@ -45,9 +48,17 @@ def _group_key(group: str) -> tuple:
 
 
 class PromptCurriculum:
-    def __init__(self, groups: Sequence[str], cfg: CurriculumConfig, seed: int, rank: int = 0, world_size: int = 1):
+    def __init__(self, groups: Sequence[str], cfg: CurriculumConfig, seed: int, rank: int = 0, world_size: int = 1,
+                 mixture: RowMixture | None = None):
         if not groups:
             raise ArtifactError("prompt curriculum: no prompt rows")
+        if mixture is not None:
+            held = sum(len(m) for m in mixture.members)
+            if held != len(groups):
+                raise ArtifactError(f"prompt curriculum: the mixture's sources hold {held} rows, the prompt set "
+                                    f"{len(groups)}")
+            mixture.epoch_rows_of(seed, 0)  # a mixture asking for more than max_repetition fails here, not later
+        self.mixture = mixture
         self.groups, self.cfg, self.seed = list(groups), cfg, seed
         self.rank, self.world_size = rank, world_size
         self.epoch, self.offset = 0, 0
@@ -56,8 +67,11 @@ class PromptCurriculum:
 
     def epoch_order(self, epoch: int) -> list[int]:
         """The global order of epoch `epoch` (every rank derives the same)."""
-        gen = torch.Generator().manual_seed(derive_seed(self.seed, epoch))
-        perm = torch.randperm(len(self.groups), generator=gen).tolist()
+        if self.mixture is not None:  # the sources' weighted shares of the epoch (rows may repeat)
+            perm = self.mixture.order(self.seed, epoch).tolist()
+        else:
+            gen = torch.Generator().manual_seed(derive_seed(self.seed, epoch))
+            perm = torch.randperm(len(self.groups), generator=gen).tolist()
         if self.cfg.order == "by_group" and epoch < self.cfg.warm_epochs:
             perm.sort(key=lambda row: _group_key(self.groups[row]))  # stable: shuffled within each group
         return perm
@@ -100,8 +114,11 @@ class PromptCurriculum:
 
     # ---- resume -------------------------------------------------------------------------------------------------
     def _identity(self) -> dict:
-        return {"seed": self.seed, "rows": len(self.groups), "order": self.cfg.order,
-                "warm_epochs": self.cfg.warm_epochs, "world_size": self.world_size}
+        identity = {"seed": self.seed, "rows": len(self.groups), "order": self.cfg.order,
+                    "warm_epochs": self.cfg.warm_epochs, "world_size": self.world_size}
+        if self.mixture is not None:  # absent for one source: a plain set's state is what it was
+            identity["mixture"] = self.mixture.identity()
+        return identity
 
     def state_dict(self) -> dict:
         rows = sorted(self.solved)
@@ -110,7 +127,8 @@ class PromptCurriculum:
 
     def load_state_dict(self, state: dict) -> None:
         mine = self._identity()
-        for key, value in mine.items():
+        for key in [*mine, *({"mixture"} - set(mine))]:  # a state with a mixture never resumes a set without one
+            value = mine.get(key)
             if state.get(key) != value:
                 raise ArtifactError(f"prompt curriculum state: {key} was {state.get(key)!r}, now {value!r}; resuming "
                                     f"would not continue the same prompt order")

@@ -73,7 +73,8 @@ def main() -> int:
                                          DTYPES[cfg.data.model_dtype], device())  # [reward] terms' models
     source = GrpoBatchSource(
         prompt_set, client, decode, reward,
-        PromptCurriculum(prompt_set.groups, cfg.curriculum, cfg.run.seed, rank(), world_size()), cfg.shape,
+        PromptCurriculum(prompt_set.groups, cfg.curriculum, cfg.run.seed, rank(), world_size(), prompt_set.mixture),
+        cfg.shape,
         cfg.dynamic_sampling, cfg.advantage, seed=cfg.run.seed, eos_id=tok.eos_id,
         policy_version=lambda: module.version,
         old_scorer=module.score if cfg.shape.old_logprobs == "recompute" else None,

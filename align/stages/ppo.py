@@ -77,7 +77,8 @@ def main() -> int:
     inputs.update(reward_inputs)  # [reward] terms' models (none for the older keys)
     source = PpoBatchSource(
         prompt_set, client, decode, reward,
-        PromptCurriculum(prompt_set.groups, cfg.curriculum, cfg.run.seed, rank(), world_size()), cfg.shape,
+        PromptCurriculum(prompt_set.groups, cfg.curriculum, cfg.run.seed, rank(), world_size(), prompt_set.mixture),
+        cfg.shape,
         cfg.dynamic_sampling, cfg.ppo, cfg.gae, seed=cfg.run.seed, eos_id=tok.eos_id,
         policy_version=lambda: module.version,
         old_scorer=module.score if cfg.shape.old_logprobs == "recompute" else None, value_scorer=module.values,

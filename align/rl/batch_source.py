@@ -42,6 +42,7 @@ from align.rl.advantages import AdvantageConfig, group_advantages, zero_variance
 from align.rl.assembly import assemble, plan_windows, row_lengths, select_rows, window_seed
 from align.rl.curriculum import PromptCurriculum
 from align.eval.prompts import PromptSet  # also imported from here by the stages and tests
+from align.rl.environment import EpisodeRunner, EpisodeStart
 from align.rl.reward_models import score_model_terms
 from align.rl.reward_terms import TermInput
 from align.rl.rewards import CompositeReward
@@ -77,13 +78,14 @@ class GrpoBatchSource:
                  dynamic: DynamicSamplingConfig, advantage: AdvantageConfig, *, seed: int, eos_id: int,
                  policy_version: Callable[[], int], old_scorer: Scorer | None = None,
                  ref_scorer: Scorer | None = None, world_size: int = 1, skip_rows: RowRule | None = None,
-                 step_credit: StepCreditConfig = StepCreditConfig()):
+                 step_credit: StepCreditConfig = StepCreditConfig(), episodes: EpisodeRunner | None = None):
         self.prompts, self.client, self.decode, self.reward = prompts, client, decode, reward
         self.curriculum, self.shape, self.dynamic, self.advantage = curriculum, shape, dynamic, advantage
         self.seed, self.policy_version = seed, policy_version
         self.old_scorer, self.ref_scorer = old_scorer, ref_scorer
         self.skip_rows = skip_rows  # None: every row trains (PPO, and `zero_gradient_rows = "train"`)
         self.step_credit = step_credit
+        self.episodes = episodes  # multi-turn rollouts (align.rl.environment); None: one completion per sample
         self.local_prompts = shape.check_world(world_size)
         self.params = SamplingParams(temperature=shape.temperature, max_new_tokens=shape.max_new_tokens,
                                      stop_token_ids=(eos_id,))
@@ -201,6 +203,8 @@ class GrpoBatchSource:
         return kept + (easy + dropped)[:fill], counts  # an easy group still has a gradient: it fills first
 
     def _generate(self, rows: list[int], round_: int) -> list[Group]:
+        if self.episodes is not None:
+            return self._generate_episodes(rows, round_)
         requests = [RolloutRequest(self.prompts.ids(row), self.shape.samples, self.params,
                                    seed=derive_seed(self.seed, self.rollouts, round_, row), request_id=row)
                     for row in rows]
@@ -220,6 +224,38 @@ class GrpoBatchSource:
             by_row[res.request_id].append(ScoredSample(res.request_id, res.prompt_ids, res.completion_ids,
                                                        res.logprobs, res.finish_reason, res.weight_version, reward))
         groups = [Group(row, tuple(by_row[row])) for row in rows]
+        return score_model_terms(groups, self.reward, self.shape.micro_batch_size)
+
+    def _generate_episodes(self, rows: list[int], round_: int) -> list[Group]:
+        """G multi-turn episodes per row (align.rl.environment.run_episodes), each seeded by (run seed, rollout,
+        round, row, sample); scored by the [reward] terms on the whole completion; the environment's observation
+        tokens carry `policy_mask` 0 (out of the loss)."""
+        meta = self.prompts.meta or (lambda row: {})
+        starts = [EpisodeStart(tuple(self.prompts.ids(row)), self.decode(list(self.prompts.ids(row))), meta(row),
+                               derive_seed(self.seed, self.rollouts, round_, row, k))
+                  for row in rows for k in range(self.shape.samples)]
+        episodes = self.episodes(starts)
+        version = self.policy_version()
+        items, finishes = [], []
+        for j, (start, ep) in enumerate(zip(starts, episodes)):
+            if ep.weight_version != version:
+                raise RuntimeError(f"GRPO rollout {self.rollouts}: an episode came from weight version "
+                                   f"{ep.weight_version}, the policy is at {version}; the engine was not updated")
+            finish = {"stop": "stop", "error": "error"}.get(ep.finish_reason, "length")  # a budget cut: "length"
+            finishes.append(finish)
+            gold = self.prompts.gold(rows[j // self.shape.samples])
+            items.append(TermInput(self.decode(list(ep.completion_ids)), gold, int(sum(ep.policy_mask)), finish,
+                                   start.prompt if self.reward.needs_prompt else "", start.meta))
+        rewards = self.reward.score_many(items)
+        groups = []
+        for r, row in enumerate(rows):
+            samples = []
+            for k in range(self.shape.samples):
+                j = r * self.shape.samples + k
+                ep = episodes[j]
+                samples.append(ScoredSample(row, starts[j].prompt_ids, ep.completion_ids, ep.logprobs, finishes[j],
+                                            ep.weight_version, rewards[j], ep.policy_mask))
+            groups.append(Group(row, tuple(samples)))
         return score_model_terms(groups, self.reward, self.shape.micro_batch_size)
 
     def _trim(self, plan: list[list[torch.Tensor]], dropped: torch.Tensor

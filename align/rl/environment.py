@@ -19,9 +19,12 @@ continuation instead of recomputing it.
 arithmetic: + - * / // % ** and parentheses, exact by fractions, bounded; anything else `<result>error</result>`);
 the reward is the verifier's verdict of the completion against the row's gold.
 
-What this is not yet: GRPO's batch source does not drive it (its rollouts are one prompt, one completion), the
-observation is plain text inside the assistant's reply (the Mistral template has no tool role; a family whose
-template has one would wrap it there), and no rung trains a policy to call the calculator."""
+GRPO drives it with `[environment]` (align.rl.stage_config.EnvironmentConfig; align.rl.batch_source
+`_generate_episodes`: G episodes per prompt, all advanced together, rewarded by the [reward] terms on the whole
+completion). What this is not yet: the observation is plain text inside the assistant's reply (the Mistral template
+has no tool role; a family whose template has one would wrap it there), the policy's statistics (entropy, ratio)
+still average over the observation tokens (only the loss excludes them), each continuation is a new request (the
+prefix cache, not a kept sequence, spares the recompute), and no rung trains a policy to call the calculator."""
 
 from __future__ import annotations
 
@@ -133,47 +136,81 @@ class Episode:
     weight_version: int
 
 
+@dataclass(frozen=True)
+class EpisodeStart:
+    prompt_ids: tuple[int, ...]
+    prompt: str  # the prompt's text, for the environment's reset
+    meta: dict
+    seed: int  # the episode's seed; segment j samples with derive_seed(seed, j)
+
+
+EpisodeRunner = Callable[[list["EpisodeStart"]], list["Episode"]]  # what GRPO's batch source calls per round
+
+
+def run_episodes(client: RolloutClient, starts: list[EpisodeStart], make_env: Callable[[], Environment], *,
+                 encode: Callable[[str], list[int]], decode: Callable[[list[int]], str], eos_id: int,
+                 newline_ids: tuple[int, ...], temperature: float, max_tokens: int, max_turns: int) -> list[Episode]:
+    """Many episodes advanced together: every round submits one segment request per episode still running, so the
+    engine batches them (module doc)."""
+    envs = [make_env() for _ in starts]
+    for env, start in zip(envs, starts):
+        env.reset(start.prompt, start.meta)
+    ids = [[] for _ in starts]
+    mask = [[] for _ in starts]
+    logp = [[] for _ in starts]
+    turns, segments, versions = [0] * len(starts), [0] * len(starts), [-1] * len(starts)
+    finish: list[str | None] = [None] * len(starts)
+    while True:
+        live = [i for i in range(len(starts)) if finish[i] is None]
+        if not live:
+            break
+        requests = [RolloutRequest(tuple(starts[i].prompt_ids) + tuple(ids[i]), 1,
+                                   SamplingParams(temperature=temperature, max_new_tokens=max_tokens - len(ids[i]),
+                                                  stop_token_ids=(eos_id, *newline_ids)),
+                                   seed=derive_seed(starts[i].seed, segments[i]), request_id=i) for i in live]
+        for res in client.collect(client.submit(requests)).results:
+            i = res.request_id
+            segments[i] += 1
+            versions[i] = res.weight_version
+            finish[i] = _advance(res, envs[i], ids[i], mask[i], logp[i], turns, i, encode, decode, eos_id,
+                                 max_tokens, max_turns)
+    return [Episode(tuple(ids[i]), tuple(mask[i]), tuple(logp[i]), finish[i], turns[i], envs[i].reward(decode(ids[i])),
+                    versions[i]) for i in range(len(starts))]
+
+
+def _advance(res, env: Environment, ids: list, mask: list, logp: list, turns: list, i: int, encode, decode,
+             eos_id: int, max_tokens: int, max_turns: int) -> str | None:
+    """One sampled segment into episode i; its finish reason, or None while it goes on."""
+    if res.finish_reason == "error":
+        return "error"
+    ids += res.completion_ids
+    mask += [1.0] * len(res.completion_ids)
+    logp += res.logprobs
+    if res.completion_ids and res.completion_ids[-1] == eos_id:
+        return "stop"
+    if res.finish_reason == "length" or len(ids) >= max_tokens:
+        return "length"
+    step = env.step(decode(list(res.completion_ids)))
+    if step.done:
+        return "stop"
+    if step.observation:
+        if turns[i] >= max_turns:
+            return "turns"
+        obs = encode(step.observation)[: max_tokens - len(ids)]
+        ids += obs
+        mask += [0.0] * len(obs)
+        logp += [0.0] * len(obs)
+        turns[i] += 1
+        if len(ids) >= max_tokens:
+            return "length"
+    return None
+
+
 def run_episode(client: RolloutClient, prompt_ids: tuple[int, ...], env: Environment, *, prompt: str, meta: dict,
                 encode: Callable[[str], list[int]], decode: Callable[[list[int]], str], eos_id: int,
                 newline_ids: tuple[int, ...], temperature: float, max_tokens: int, max_turns: int, seed: int
                 ) -> Episode:
     """One episode (module doc)."""
-    env.reset(prompt, meta)
-    ids: list[int] = []
-    mask: list[float] = []
-    logp: list[float] = []
-    turns, segment, finish, version = 0, 0, "length", -1
-    while len(ids) < max_tokens:
-        params = SamplingParams(temperature=temperature, max_new_tokens=max_tokens - len(ids),
-                                stop_token_ids=(eos_id, *newline_ids))
-        request = RolloutRequest(tuple(prompt_ids) + tuple(ids), 1, params, seed=derive_seed(seed, segment))
-        res = client.collect(client.submit([request])).results[0]
-        segment += 1
-        version = res.weight_version
-        if res.finish_reason == "error":
-            finish = "error"
-            break
-        ids += res.completion_ids
-        mask += [1.0] * len(res.completion_ids)
-        logp += res.logprobs
-        if res.completion_ids and res.completion_ids[-1] == eos_id:
-            finish = "stop"
-            break
-        if res.finish_reason == "length" or len(ids) >= max_tokens:
-            finish = "length"
-            break
-        step = env.step(decode(list(res.completion_ids)))
-        if step.done:
-            finish = "stop"
-            break
-        if step.observation:
-            if turns >= max_turns:
-                finish = "turns"
-                break
-            obs = encode(step.observation)[: max_tokens - len(ids)]
-            ids += obs
-            mask += [0.0] * len(obs)
-            logp += [0.0] * len(obs)
-            turns += 1
-    reward = env.reward(decode(ids))
-    return Episode(tuple(ids), tuple(mask), tuple(logp), finish, turns, reward, version)
+    return run_episodes(client, [EpisodeStart(tuple(prompt_ids), prompt, meta, seed)], lambda: env, encode=encode,
+                        decode=decode, eos_id=eos_id, newline_ids=newline_ids, temperature=temperature,
+                        max_tokens=max_tokens, max_turns=max_turns)[0]

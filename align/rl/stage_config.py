@@ -95,6 +95,20 @@ class DynamicSamplingConfig:
 
 
 @dataclass(frozen=True)
+class EnvironmentConfig:
+    """[environment] table: multi-turn rollouts (align.rl.environment); absent: one prompt, one completion."""
+
+    name: Literal["calculator"] = "calculator"
+    max_turns: int = 4  # observations per episode
+    max_tokens: int = 0  # completion tokens per episode, the policy's and the observations'; 0: shape.max_new_tokens
+
+    def __post_init__(self):
+        if self.max_turns < 0 or self.max_tokens < 0:
+            raise ValueError(f"EnvironmentConfig: max_turns and max_tokens must be >= 0, got {self.max_turns}, "
+                             f"{self.max_tokens}")
+
+
+@dataclass(frozen=True)
 class GrpoDataConfig:
     """[data] table: inputs relative to <runs>, and the held-out evaluation."""
 
@@ -132,6 +146,7 @@ class RolloutStageConfig(CommonConfig):
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     lora: LoraConfig | None = None  # [lora] (align.lora.stage): adapters train, the sampler follows by
     # [lora] engine_sync; absent: full fine-tuning
+    environment: EnvironmentConfig | None = None  # [environment]: multi-turn episodes; absent: single turn
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -117,3 +117,49 @@ def test_observation_tokens_get_no_loss_weight():
     _, c = step(logp, masked=False)
     _, d = step(odd, masked=False)
     assert not all(torch.equal(x, y) for x, y in zip(c, d))  # unmasked, they would have
+
+
+def test_batched_episodes_equal_single_ones():
+    from align.rl.environment import EpisodeStart, run_episodes
+
+    client = make_client(tiny_model())
+    starts = [EpisodeStart((1, 10 + i, 11), "", {}, seed=i) for i in range(3)]
+    together = run_episodes(client, starts, EveryLine, encode=lambda text: [int(t) for t in text.split()],
+                            decode=decode, eos_id=EOS, newline_ids=tuple(range(3, 40)), temperature=1.0,
+                            max_tokens=24, max_turns=3)
+    alone = [run_episode(client, s.prompt_ids, EveryLine(), prompt="", meta={},
+                         encode=lambda text: [int(t) for t in text.split()], decode=decode, eos_id=EOS,
+                         newline_ids=tuple(range(3, 40)), temperature=1.0, max_tokens=24, max_turns=3, seed=s.seed)
+             for s in starts]
+    assert together == alone
+
+
+def test_grpo_batch_source_drives_episodes_and_masks_observations():
+    from functools import partial
+
+    from align.rl.environment import run_episodes
+    from align.rl.rewards import RewardConfig
+    from align.rl.reward_terms import RewardTermConfig
+    from rl_fixtures import make_source, parity_verifier
+
+    model = tiny_model()
+    client = make_client(model)
+    module = make_module(tiny_model(), client)
+    runner = partial(run_episodes, client, make_env=EveryLine, encode=lambda text: [int(t) for t in text.split()],
+                     decode=decode, eos_id=EOS, newline_ids=tuple(range(3, 40)), temperature=1.0, max_tokens=6,
+                     max_turns=2)
+    from align.rl.stage_config import RolloutShape
+
+    shape = RolloutShape(prompts=4, samples=4, max_new_tokens=6, num_minibatches=2, micro_batch_size=3,
+                         truncated="keep")  # a cut episode stays in the loss: only observations leave it
+    source = make_source(module, client, shape=shape, reward=RewardConfig(terms=(RewardTermConfig("verifier"),)),
+                         verifier=parity_verifier)
+    source.episodes = runner
+    window = next(iter(source))
+    masked = sum(float(((mb["completion_mask"] - mb["loss_mask"]) > 0).sum()) for mb in window)
+    assert masked > 0  # observations (cut to the token budget at the end), out of the loss
+    for mb in window:
+        obs = (mb["completion_mask"] > 0) & (mb["loss_mask"] == 0)
+        assert set(mb["completion_ids"][obs].tolist()) <= set(OBS)
+        assert torch.all(mb["rollout_logprobs"][obs] == 0)
+    assert train_window(module, window) is not None  # a GRPO step on it

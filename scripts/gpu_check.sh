@@ -8,8 +8,9 @@
 #      same torch AdamW (bench/gpu_sft_step.py: tokens/s, MFU, step-0 loss of each)
 #   5. decode: the engine's decode tokens/s beside transformers generate (bench/gpu_decode.py)
 #   6. report: OUT/gpu_check.json + OUT/gpu_check.txt (bench/gpu_check_report.py)
-# Every step runs under its own time limit and its exit code is recorded; the script exits 1 if any step failed,
-# 3 when asked for a GPU run without CUDA.
+# Every step runs under its own time limit (on a GPU 150 + 120 + 140 + 70 s: at most 8 minutes after the install)
+# and its exit code is recorded; the script exits 1 if any step failed, 3 when asked for a GPU run without CUDA.
+# The install needs the package index (or a venv made beforehand: --no-install).
 #
 #   bash scripts/gpu_check.sh                       # on a CUDA machine; OUT = runs/gpu_check/<UTC time>
 #   bash scripts/gpu_check.sh --dry-run             # the same steps on this CPU: tiny shapes, fp32, the gates under
@@ -73,13 +74,13 @@ else
     fi
     DEV=cuda
     nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1 || true
-    step gpu_tests 180 "$OUT/gpu_tests.log" "$PY" -m pytest -m gpu -q -p no:cacheprovider -rs
-    step gates 90 "$OUT/gates.log" "$PY" -m align.model.kernel_gates --device cuda --json "$OUT/gates.json"
+    step gpu_tests 150 "$OUT/gpu_tests.log" "$PY" -m pytest -m gpu -q -p no:cacheprovider -rs
+    step gates 120 "$OUT/gates.log" "$PY" -m align.model.kernel_gates --device cuda --json "$OUT/gates.json"
     SFT_ARGS=(--device cuda --shape 1b --dtype bfloat16 --batch 4 --seq 2048 --warmup 2 --steps 5)
     DEC_ARGS=(--device cuda --shape 1b --dtype bfloat16 --prompts 16 --new 128 --repeats 2)
 fi
-step sft_step 150 "$OUT/sft_step.json" "$PY" bench/gpu_sft_step.py "${SFT_ARGS[@]}"
-step decode 90 "$OUT/decode.json" "$PY" bench/gpu_decode.py "${DEC_ARGS[@]}"
+step sft_step 140 "$OUT/sft_step.json" "$PY" bench/gpu_sft_step.py "${SFT_ARGS[@]}"
+step decode 70 "$OUT/decode.json" "$PY" bench/gpu_decode.py "${DEC_ARGS[@]}"
 "$PY" bench/gpu_check_report.py "$OUT"
 rc=$?
 echo "gpu_check: $OUT/gpu_check.json ($DEV)" >&2

@@ -34,10 +34,13 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Callable, Protocol
 
+from functools import partial
+
 from align.eval.verifier import score
 from align.inference.config import SamplingParams
 from align.inference.sequence import derive_seed
 from align.rollout.protocol import RolloutClient, RolloutRequest
+from align.rl.ppo.process_rewards import newline_token_ids
 
 CALL = re.compile(r"<calc>(.*?)</calc>", re.DOTALL)
 MAX_DIGITS = 60  # a value with more digits (numerator or denominator) is an error, not a bignum computation
@@ -214,3 +217,18 @@ def run_episode(client: RolloutClient, prompt_ids: tuple[int, ...], env: Environ
     return run_episodes(client, [EpisodeStart(tuple(prompt_ids), prompt, meta, seed)], lambda: env, encode=encode,
                         decode=decode, eos_id=eos_id, newline_ids=newline_ids, temperature=temperature,
                         max_tokens=max_tokens, max_turns=max_turns)[0]
+
+
+ENVIRONMENTS: dict[str, Callable[[], Environment]] = {"calculator": CalculatorEnv}
+
+
+def episode_runner(cfg, client: RolloutClient, tok, shape) -> EpisodeRunner | None:
+    """The batch source's runner for `[environment]` (align.rl.stage_config.EnvironmentConfig), None without one:
+    segments end at EOS or a newline token of the tokenizer; observations are encoded without special tokens."""
+    if cfg is None:
+        return None
+    newline = tuple(int(i) for i in newline_token_ids(tok).nonzero().flatten().tolist())
+    return partial(run_episodes, client, make_env=ENVIRONMENTS[cfg.name], encode=lambda text: tok.encode(text),
+                   decode=lambda ids: tok.decode(ids, skip_special_tokens=True), eos_id=tok.eos_id,
+                   newline_ids=newline, temperature=shape.temperature,
+                   max_tokens=cfg.max_tokens or shape.max_new_tokens, max_turns=cfg.max_turns)

@@ -28,6 +28,7 @@ from align.eval.canary import Canary
 from align.rl.curriculum import PromptCurriculum
 from align.rl.grpo_module import GrpoTrainModule
 from align.rl.report import fit_with_receipt, receipt_evals
+from align.rl.environment import episode_runner
 from align.rl.reward_models import build_reward
 from align.rl.stage_config import GrpoStageConfig
 from align.rl.stage_inputs import open_rl_stage
@@ -79,7 +80,8 @@ def main() -> int:
         policy_version=lambda: module.version,
         old_scorer=module.score if cfg.shape.old_logprobs == "recompute" else None,
         ref_scorer=reference_scorer(start, cfg, cfg.loss.kernel) if needs_ref else None, world_size=world_size(),
-        skip_rows=row_rule(cfg.loss, cfg.moe_aux.coefficients("grpo")), step_credit=cfg.step_credit)
+        skip_rows=row_rule(cfg.loss, cfg.moe_aux.coefficients("grpo")), step_credit=cfg.step_credit,
+        episodes=episode_runner(cfg.environment, client, tok, cfg.shape))  # [environment]: multi-turn; else None
     evals = receipt_evals(cfg.data, client, heldout, prompts, decode, tok.eos_id)
     before = evals()
     n_params = sum(p.numel() for p in module.model.parameters())

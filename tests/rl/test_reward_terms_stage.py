@@ -63,3 +63,14 @@ def test_tasks_depend_on_the_models_a_term_list_names(tmp_path):
                                            'path = "prm/final" }, { name = "python", function = "m:f" }]\n')
         assert stage.file_dep(ctx) == plain + [layout.runs / "rm_checkpoint/final/manifest.json",
                                                layout.runs / "prm/final/manifest.json"]
+
+
+def test_stage_runs_calculator_episodes(tmp_path, monkeypatch):
+    """[environment] calculator through the real worker: the episodes' rewards reach the history (the random
+    policy seldom writes a call; the seam, the masks and the budgets are what this checks end to end)."""
+    runs, config = runs_tree(tmp_path, steps=2)
+    config.write_text(config.read_text() + "\n[environment]\nname = \"calculator\"\nmax_turns = 2\nmax_tokens = 12\n")
+    run_dir = runs / "env"
+    assert run_worker(monkeypatch, runs, config, run_dir) == 0
+    rows = read_history(run_dir / "history.jsonl")
+    assert [r["step"] for r in rows] == [1, 2] and all(r["completion_len"] <= 12 for r in rows)

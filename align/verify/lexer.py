@@ -27,7 +27,7 @@ _BARE_COMMANDS = frozenset({"sin", "cos", "tan", "cot", "sec", "csc", "ln", "log
 class Token(NamedTuple):
     kind: str  # num | id | cmd | word | text | op | end
     text: str
-    space_before: bool
+    space_before: bool  # spaces (no line break) before it
 
 
 END = Token("end", "", False)
@@ -41,7 +41,7 @@ def tokenize(text: str, budget: Budget) -> list[Token]:
         kind, value = m.lastgroup, m.group()
         budget.spend()
         if kind == "ws":
-            space = True
+            space = "\n" not in value  # a line break separates more than a space does: `11⏎5/6` is no mixed number
             continue
         if kind == "bad":
             raise Unsupported(f"character {value!r}")

@@ -164,6 +164,8 @@ class GrpoBatchSource:
                                 "rollout/gen_tokens", "rollout/reward_sum", "rollout/samples"), 0.0)
         for label in self.reward.labels:  # per-term sums over the same samples as reward_sum, and failures
             counts[f"rollout/term_sum/{label}"] = counts[f"rollout/term_failures/{label}"] = 0.0
+        if self.episodes is not None:  # multi-turn: observations (tool answers) and samples with at least one
+            counts["rollout/env_turns"] = counts["rollout/env_samples_with_turns"] = 0.0
         rounds = 0
         while len(kept) < need:
             filtering = self.dynamic.enabled and rounds <= self.dynamic.max_rounds
@@ -183,6 +185,9 @@ class GrpoBatchSource:
                     for s in g.samples:
                         for label, value in s.reward.terms:
                             counts[f"rollout/term_sum/{label}"] += value
+                        if self.episodes is not None:
+                            counts["rollout/env_turns"] += s.turns
+                            counts["rollout/env_samples_with_turns"] += float(s.turns > 0)
                 for s in g.samples:
                     for label in s.reward.failures:
                         counts[f"rollout/term_failures/{label}"] += 1.0
@@ -254,7 +259,7 @@ class GrpoBatchSource:
                 j = r * self.shape.samples + k
                 ep = episodes[j]
                 samples.append(ScoredSample(row, starts[j].prompt_ids, ep.completion_ids, ep.logprobs, finishes[j],
-                                            ep.weight_version, rewards[j], ep.policy_mask))
+                                            ep.weight_version, rewards[j], ep.policy_mask, ep.turns))
             groups.append(Group(row, tuple(samples)))
         return score_model_terms(groups, self.reward, self.shape.micro_batch_size)
 

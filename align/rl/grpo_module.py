@@ -70,6 +70,8 @@ def rollout_metrics(sums: dict[str, float]) -> dict[str, float]:
     unweighted mean over the same samples; timings (`*_s`) per rank; counts as summed."""
     samples = sums.get("rollout/samples")
     out = {"rollout/reward_mean": sums.get("rollout/reward_sum", 0.0) / samples if samples else float("nan")}
+    if "rollout/env_turns" in sums:  # multi-turn (align.rl.environment): the share of samples that used the tool
+        out["rollout/tool_call_rate"] = sums["rollout/env_samples_with_turns"] / samples if samples else float("nan")
     for key, value in sums.items():  # each reward term's mean over the same samples (align.rl.reward_terms)
         if key.startswith("rollout/term_sum/"):
             out["rollout/term_mean/" + key.removeprefix("rollout/term_sum/")] = value / samples if samples else \

@@ -46,6 +46,7 @@ class ScoredSample:
     reward: SampleReward
     policy_mask: tuple[float, ...] | None = None  # multi-turn (align.rl.environment): 0 on the environment's
     # observation tokens, which never train; None: every completion token is the policy's
+    turns: int = 0  # multi-turn: the environment's observations in this sample (a tool's answers)
 
 
 @dataclass(frozen=True)

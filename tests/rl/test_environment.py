@@ -163,3 +163,8 @@ def test_grpo_batch_source_drives_episodes_and_masks_observations():
         assert set(mb["completion_ids"][obs].tolist()) <= set(OBS)
         assert torch.all(mb["rollout_logprobs"][obs] == 0)
     assert train_window(module, window) is not None  # a GRPO step on it
+    from align.rl.grpo_module import rollout_metrics
+
+    stats = window[0]["stats"]
+    assert stats["rollout/env_turns"] >= stats["rollout/env_samples_with_turns"] > 0
+    assert rollout_metrics(stats)["rollout/tool_call_rate"] == stats["rollout/env_samples_with_turns"] / 16

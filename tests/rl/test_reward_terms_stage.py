@@ -74,3 +74,5 @@ def test_stage_runs_calculator_episodes(tmp_path, monkeypatch):
     assert run_worker(monkeypatch, runs, config, run_dir) == 0
     rows = read_history(run_dir / "history.jsonl")
     assert [r["step"] for r in rows] == [1, 2] and all(r["completion_len"] <= 12 for r in rows)
+    assert all(0.0 <= r["rollout/tool_call_rate"] <= 1.0 for r in rows if r["rollout/tool_call_rate"] is not None)
+    assert "rollout/tool_call_rate" in rows[0]

@@ -270,7 +270,7 @@ def _malloc_env() -> dict[str, str]:
     return {key: os.environ.get(key, value) for key, value in MALLOC_ENV.items()}
 
 
-def _numerics_env() -> dict[str, str]:
+def pinned_numerics_env() -> dict[str, str]:
     """Thread counts that must not follow the host's load (align.utils.numerics): exported values win."""
     return {key: os.environ.get(key, value) for key, value in PINNED_ENV.items()}
 
@@ -278,7 +278,7 @@ def _numerics_env() -> dict[str, str]:
 def numerics_env() -> dict:
     """What the receipt records of the worker's numerics: the host and the pinned variables the worker got."""
     found = host_fingerprint()
-    found["env"] = {**found["env"], **_numerics_env()}
+    found["env"] = {**found["env"], **pinned_numerics_env()}
     return found
 
 
@@ -290,7 +290,7 @@ def _run_worker(launch: Launch, lock: HeavyJobLock | None) -> SupervisedResult:
                # NOTE: a spinning OpenMP pool (the default ACTIVE wait) on a host shared with other jobs waits on a
                # descheduled peer: the tiny SFT ran 6x slower under load. An exported OMP_WAIT_POLICY wins.
                OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
-               **_malloc_env(), **_numerics_env(),
+               **_malloc_env(), **pinned_numerics_env(),
                PYTHONPATH=os.pathsep.join(p for p in (str(launch.root), os.environ.get("PYTHONPATH")) if p))
     common = launch.common
     check = (lambda: preflight(common.preflight, launch.run_dir)) if launch.heavy else None

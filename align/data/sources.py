@@ -5,7 +5,7 @@ columns with default names; a source config can rename them (`columns = { questi
 
 | format          | logical columns (type)                        | kinds          |
 |-----------------|-----------------------------------------------|----------------|
-| messages        | messages (list<struct<role, content>>); optional tools (JSON text or list) | sft |
+| messages        | messages (list<struct<role, content>>), tools (optional) | sft            |
 | prompt_response | prompt (string), response (string)            | sft            |
 | gsm8k           | question (string), answer (string, `#### N`)  | sft, prompts   |
 | math            | problem (string), solution (string, \\boxed)   | sft, prompts   |

@@ -3,7 +3,8 @@
 Each epoch is a permutation of the prompt rows drawn from (seed, epoch) alone, so any epoch's order can be re-derived
 after a restart. A prompt shard set built as a mixture (`[mixtures.<split>]`, its manifest's `mixture`) draws each
 epoch by the mixture's weights instead: `RowMixture.order(seed, epoch)` (align.data.mixture, the rule the SFT/DPO
-loader uses: each source's share of the epoch, its rows repeated or left out), again from (seed, epoch) alone. With several ranks, rank r takes positions r, r + W, r + 2W, ... of every epoch (disjoint streams;
+loader uses: each source's share of the epoch, its rows repeated or left out), again from (seed, epoch) alone.
+With several ranks, rank r takes positions r, r + W, r + 2W, ... of every epoch (disjoint streams;
 a top-up on one rank never shifts another's prompts).
 
     order "shuffle":   every epoch a fresh seeded permutation

@@ -2,11 +2,16 @@
 trajectories via align.data.prm800k) learnt by an align `MistralForProcessReward` (HF MistralForTokenClassification
 layout, num_labels 1: one logit per token).
 
-Encoding (`encode_steps`): the prompt through the chat template, then the solution exactly as the SFT template
-writes an assistant reply whose text is the steps one per line (" " + "\n".join(steps), then `</s>`), so the PRM
-scores the token sequence a policy writes. A step's label sits on its LAST token: the position where every token of
-the step has been read. Positions come from encoding each prefix of the reply and requiring it to be a prefix of the
-whole encoding (a BPE merge across a step boundary would make a step's end ambiguous: refused, naming the step).
+Encoding (`encode_steps`): the conversation through the tokenizer directory's own chat format
+(`Tokenizer.encode_chat`: Mistral v0.3 `[INST]`, or the checkpoint's Jinja template), its assistant reply the steps
+one per line, so the PRM scores the token sequence a policy writes. A step's label sits on its LAST token: the
+position where every token of the step has been read. Step k's end comes from encoding the same conversation with
+the reply cut after step k: its last reply token is the one before the turn's closing (the tokens from the last
+special token of its assistant span: `</s>`, `<|im_end|>\n`, `<|eot_id|>`), and everything up to it must be a
+prefix of the whole encoding, except that the last token may there have taken the line break after the step (Qwen's
+and Llama's pre-tokenizers keep ".\n" in one piece: the label sits on that token, which holds the step's end and
+none of the next step). Any other BPE merge across a step boundary would make a step's end ambiguous: refused,
+naming the step. On the Mistral format this is the reply " " + the steps, then `</s>`, position for position as before.
 
 Labels: rating 1 -> 1, -1 -> 0; the neutral rating 0 is `neutral` = "positive" (PRM800K's convention in Lightman
 et al. 2023's binary PRM: a neutral step is not an error), "negative", or "ignore" (no label on that step).
@@ -24,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from align.data.encoding import DEFAULT_DATE_STRING
 from align.data.schema import StepLabelled, messages_plain
 from align.exceptions import DataError
 from align.train.train_module import LossOutput, TrainModule, TrainModuleConfig
@@ -63,17 +69,14 @@ def step_label(rating: int, neutral: str) -> float | None:
 
 def encode_steps(tok, record: StepLabelled, cfg: PrmLossConfig) -> EncodedSteps:
     """The record as one token sequence with the end position and label of every labelled step (see module doc)."""
-    from align.tokenizer.chat import encode_chat, encode_prompt
-
     prompt = messages_plain(record.prompt)
-    n_prompt = len(encode_prompt(tok, prompt))
     steps = [s.strip() for s in record.steps]
-    ids = encode_chat(tok, prompt + [{"role": "assistant", "content": "\n".join(steps)}]).ids
+    ids = _encode_reply(tok, prompt, steps).ids
     ends, labels = [], []
     for k, rating in enumerate(record.ratings):
-        prefix = tok.encode(" " + "\n".join(steps[:k + 1]))
-        end = n_prompt + len(prefix) - 1
-        if ids[n_prompt:end + 1] != prefix:
+        cut = _encode_reply(tok, prompt, steps[:k + 1])
+        end = _reply_end(tok, cut, record.id) - 1
+        if not _same_step_end(tok, ids, cut.ids, end):
             raise DataError(f"record {record.id!r}: step {k} does not end on a token boundary of the whole solution "
                             f"(its tokens merge with the next step's); cannot place its label")
         label = step_label(rating, cfg.neutral)
@@ -81,6 +84,34 @@ def encode_steps(tok, record: StepLabelled, cfg: PrmLossConfig) -> EncodedSteps:
             ends.append(end)
             labels.append(label)
     return EncodedSteps(ids[:cfg.max_len], ends, labels)
+
+
+def _encode_reply(tok, prompt: list[dict], steps: list[str]):
+    # the date pinned as the shards pin it (a Llama 3.x template would otherwise write the build day)
+    return tok.encode_chat(prompt + [{"role": "assistant", "content": "\n".join(steps)}],
+                           date_string=DEFAULT_DATE_STRING)
+
+
+def _same_step_end(tok, ids: list[int], cut: list[int], end: int) -> bool:
+    """Whether the whole encoding reads the cut reply's tokens through `end`: the same ids, or the same up to `end`
+    and there the step's last characters merged with the newline after them (a byte-level pre-tokenizer keeps
+    punctuation and the line break in one piece: ".\n"), so that token holds the step's end and none of the next
+    step's text."""
+    if ids[:end] != cut[:end] or end >= len(ids):
+        return False
+    return ids[end] == cut[end] or tok.decode(ids[:end + 1]) == tok.decode(cut[:end + 1]) + "\n"
+
+
+def _reply_end(tok, enc, record_id: str) -> int:
+    """Where the reply's text ends in a one-reply encoding: at the last special token of its assistant span (the
+    turn's closing), which must follow at least one reply token."""
+    span = [i for i, m in enumerate(enc.loss_mask) if m]
+    closing = next((i for i in reversed(span) if tok.is_special(enc.ids[i])), None)
+    if closing is None or closing == span[0]:
+        raise DataError(f"record {record_id!r}: {tok.source}: the chat format's assistant turn has no closing special "
+                        f"token after its text (</s>, <|im_end|>, <|eot_id|>), so a step's last token cannot be "
+                        f"placed")
+    return closing
 
 
 def collate_steps(rows: list[EncodedSteps], pad_id: int = 0) -> dict:

@@ -257,6 +257,8 @@ class Parser:
                 v = lift(self._mul, v, self.power())
             elif t.kind == "cmd" and t.text == "\\begin":  # a matrix product written side by side
                 v = self._product(v, self.power())
+            elif t.kind == "num" and self.toks[self.i + 1].text == "^" and self.toks[self.i - 1].text in "}0123456789":
+                v = lift(self._mul, v, self.power())  # `2^6 3^5`: powers side by side are a product
             elif t.kind == "num":
                 raise Unsupported("two numbers side by side")
             else:

@@ -61,8 +61,32 @@ def _sin_cos(x: Scalar, lim: Budget) -> tuple[Scalar, Scalar]:
     return (A.neg(s) if n < 0 else s), c
 
 
+def _special_part(x: Scalar) -> tuple[Scalar, Scalar] | None:
+    """x = q pi + rest with 12 q an integer, q != 0 and rest != 0: (q pi, rest); else None."""
+    mono = (1, (("pi", 1),))
+    if x.den is not None or mono not in x.num or len(x.num) < 2 or (12 * x.num[mono]).denominator != 1:
+        return None
+    rest = Scalar({m: c for m, c in x.num.items() if m != mono})
+    return Scalar({mono: x.num[mono]}), rest
+
+
 def trig(name: str, x: Scalar, lim: Budget) -> Scalar:
     q = _pi_multiple(x)
+    split = _special_part(x) if q is None else None
+    if split is not None and name in ("\\sin", "\\cos"):
+        # sin(90° - x) = cos x: the angle-sum formula with the special angle's exact sin and cos
+        a, rest = split
+        sa, ca, sr, cr = trig("\\sin", a, lim), trig("\\cos", a, lim), trig("\\sin", rest, lim), trig("\\cos", rest, lim)
+        if name == "\\sin":
+            return A.add(A.mul(sa, cr, lim), A.mul(ca, sr, lim), lim)
+        return A.add(A.mul(ca, cr, lim), A.mul(sa, sr, lim), lim, -1)
+    if split is not None:
+        sin, cos = trig("\\sin", x, lim), trig("\\cos", x, lim)
+        num, den = {"\\tan": (sin, cos), "\\cot": (cos, sin), "\\sec": (A.const(1), cos),
+                    "\\csc": (A.const(1), sin)}[name]
+        if den.is_zero():
+            raise Unsupported(f"{name} undefined here")
+        return A.div(num, den, lim)
     if q is None or (12 * q).denominator != 1:
         # tan, cot, sec, csc as quotients of sin and cos, so that identities between them can be decided
         # (equiv.py: sin^2 + cos^2 = 1); sin and cos of non-special angles stay atoms.

@@ -144,6 +144,18 @@ def _trailing_words(m: re.Match) -> str:
     return m.group(0)
 
 
+_TWELVE_HOUR = re.compile(r"^([0-9]{1,2}):([0-9]{2})\s*(?:\\(?:text|mathrm)\s*\{\s*)?([AaPp])\.?\s*[Mm]\.?\s*\}?$")
+
+
+def _clock_24(m: re.Match) -> str:
+    """`08:34 P.M.` is 20:34: a clock time on 24 hours (hours 1 to 12 only)."""
+    hours = int(m.group(1))
+    if not 1 <= hours <= 12:
+        return m.group(0)
+    hours = hours % 12 + (12 if m.group(3) in "Pp" else 0)
+    return f"{hours}:{m.group(2)}"
+
+
 def repair_escapes(text: str) -> str:
     """Undo two accidents of how answers travel: control characters where `\\f`, `\\t`, `\\b` met a Python string,
     and doubled backslashes before a command where a JSON dump escaped them."""
@@ -158,6 +170,8 @@ def clean(answer: str) -> str:
     """Return the answer as plain tokenisable LaTeX-ish text (see the module docstring for what is removed)."""
     s = _UNIT_SQUARED.sub(lambda m: "\\text{%s}^%d" % (m.group(1), 2 if m.group(2) == "\u00b2" else 3), answer)
     s = repair_escapes(s).translate(_UNICODE).replace("~", " ")
+    if ":" in s and ("M" in s or "m" in s):
+        s = _TWELVE_HOUR.sub(_clock_24, s.strip())
     if "C" in s or "F" in s:
         s = _TEMPERATURE.sub(" ", s)
     if "\\" in s or "{" in s:

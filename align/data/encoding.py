@@ -8,8 +8,8 @@ sequences of (ids, loss_mask):
   its tool definitions, tool calls and tool results passed to the template as transformers takes them (`tools=`,
   `tool_calls`, `tool` turns); the Mistral v0.3 format refuses them (align.tokenizer.chat).
 - pairs: two sequences, prompt + chosen reply and prompt + rejected reply (mask 1 on the reply and its end token).
-- prompts: the prompt with the template's generation prompt (`[/INST]`, `<|im_start|>assistant\n`, ...; mask all
-  0), the gold answer kept as text beside it.
+- prompts: the prompt (with its tools, as sft) and the template's generation prompt (`[/INST]`,
+  `<|im_start|>assistant\n`, ...; mask all 0), the gold answer kept as text beside it.
 
 Every render gets the template variable `date_string` from `EncodingConfig.date_string`: Llama 3.x templates write
 "Today Date: {date_string}" into the system header, and without it they call `strftime_now`, so the ids would
@@ -58,11 +58,12 @@ class Encoded:
 
 
 def _sequences(tokenizer, record: Record, cfg: EncodingConfig) -> list[tuple[list[int], list[int]]]:
-    pinned = {"date_string": cfg.date_string}
+    pinned: dict = {"date_string": cfg.date_string}
+    tools = tools_plain(record)  # passed only when the record has them (the Mistral format refuses tools)
+    if tools is not None:
+        pinned["tools"] = tools
     if isinstance(record, Conversation):
-        tools = tools_plain(record)  # passed only when the record has them (the Mistral format refuses tools)
-        enc = tokenizer.encode_chat(messages_plain(record.messages), **({} if tools is None else {"tools": tools}),
-                                    **pinned)
+        enc = tokenizer.encode_chat(messages_plain(record.messages), **pinned)
         return [(enc.ids, enc.loss_mask)]
     if isinstance(record, PreferencePair):
         out = []

@@ -48,7 +48,7 @@ class SourceConfig:
 
     kind: Literal["sft", "pairs", "prompts", "steps"]
     format: Literal["messages", "prompt_response", "gsm8k", "math", "argilla", "argilla_responses", "pair_columns",
-                    "prompt_answer", "prm800k"]
+                    "prompt_answer", "messages_answer", "prm800k"]
     path: str = ""  # a local file, relative to the project root, or a glob of files; exactly one of path, url, urls
     url: str = ""  # an http(s) URL (e.g. a hub's .../resolve/main/data/train.parquet)
     urls: tuple[str, ...] = ()  # several URLs read in order (a dataset's parquet shards)

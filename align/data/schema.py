@@ -10,9 +10,11 @@ Each record has an `id` (unique within its source) and a `group` (a free-form st
 "" when none; evaluation breaks accuracy down by it). Validation raises `RowError(field, reason)`; ingest turns it
 into a counted rejection naming the file, the row and the column.
 
-Tools (a `Conversation` only, the OpenAI / Hugging Face chat layout): an assistant turn may carry `tool_calls`
-(each `{"type": "function", "function": {"name", "arguments"}}`, an optional `id`; its content may then be empty),
-answered by one or more `tool` turns (optional `tool_call_id`, `name`), after which the assistant speaks again;
+Tools (a `Conversation` or an `OutcomePrompt`, the OpenAI / Hugging Face chat layout): an assistant turn may carry
+`tool_calls` (each `{"type": "function", "function": {"name", "arguments"}}`, an optional `id`; its content may then
+be empty),
+answered by one or more `tool` turns (optional `tool_call_id`, `name`), after which the assistant speaks again
+(an RL prompt may end with tool turns: the policy continues from the results);
 `tools` are the function definitions (JSON schema) the chat template shows. A record without them is exactly the
 record it was before tools existed: same content hash, same parquet layout (`NORMALISED`); a records file with
 any tool field uses `NORMALISED_TOOLS` (tool calls and definitions as JSON text, their key order kept: templates
@@ -79,6 +81,7 @@ class OutcomePrompt:
     prompt: tuple[Message, ...]
     gold: str
     group: str = ""
+    tools: tuple[dict, ...] | None = None  # the function definitions the template shows (JSON schema)
 
 
 @dataclass(frozen=True)
@@ -104,7 +107,8 @@ def _check_text(field: str, value: object) -> None:
         raise RowError(field, "is empty")
 
 
-def _check_messages(field: str, messages: tuple[Message, ...], last: str, tools: bool = False) -> None:
+def _check_messages(field: str, messages: tuple[Message, ...], last: str | tuple[str, ...],
+                    tools: bool = False) -> None:
     """System turn optional and first; then user/assistant alternating from a user turn; ending with `last`.
     With `tools` (conversations): an assistant turn with tool calls is followed by tool turns, then the assistant."""
     if not messages:
@@ -132,13 +136,14 @@ def _check_messages(field: str, messages: tuple[Message, ...], last: str, tools:
             raise RowError(f"{where}.content", f"expected a string, got {type(msg.content).__name__}")
         expected = {"user": ("assistant",), "tool": ("tool", "assistant")}.get(
             msg.role, ("tool",) if msg.tool_calls else ("user",))
-    if not turns or turns[-1].role != last:
-        raise RowError(field, f"must end with a {last!r} turn")
+    ends = (last,) if isinstance(last, str) else last
+    if not turns or turns[-1].role not in ends:
+        raise RowError(field, f"must end with a {' or '.join(map(repr, ends))} turn")
 
 
 def _no_tool_fields(where: str, msg: Message) -> None:
     if msg.has_tool_fields:
-        raise RowError(where, "tool calls and results are carried by conversations (kind 'sft') only")
+        raise RowError(where, "tool calls and results are carried by conversations and RL prompts only")
 
 
 def _check_json(where: str, value: object) -> None:
@@ -218,7 +223,9 @@ def validate(record: Record) -> Record:
         if record.chosen == record.rejected:
             raise RowError("rejected", "is identical to chosen")
     elif isinstance(record, OutcomePrompt):
-        _check_messages("prompt", record.prompt, last="user")
+        with_tools = has_tools(record)  # then the prompt may end with tool results, the policy continuing from them
+        _check_messages("prompt", record.prompt, last=("user", "tool") if with_tools else "user", tools=True)
+        _check_tools(record.tools)
         _check_text("gold", record.gold)
     elif isinstance(record, StepLabelled):
         _check_messages("prompt", record.prompt, last="user")
@@ -255,8 +262,11 @@ def tools_plain(record: Record) -> list[dict] | None:
 
 def has_tools(record: Record) -> bool:
     """Whether the record needs the tool layout (`NORMALISED_TOOLS`)."""
-    return isinstance(record, Conversation) and (record.tools is not None
-                                                 or any(m.has_tool_fields for m in record.messages))
+    if isinstance(record, Conversation):
+        return record.tools is not None or any(m.has_tool_fields for m in record.messages)
+    if isinstance(record, OutcomePrompt):
+        return record.tools is not None or any(m.has_tool_fields for m in record.prompt)
+    return False
 
 
 def content_hash(record: Record) -> str:
@@ -272,6 +282,8 @@ def content_hash(record: Record) -> str:
                 "gold": record.gold}
     else:
         body = {"prompt": messages_plain(record.prompt), "gold": record.gold}
+        if record.tools is not None:
+            body["tools"] = list(record.tools)
     return sha256_bytes(json.dumps([kind_of(record), body], sort_keys=True, ensure_ascii=False).encode())
 
 
@@ -292,9 +304,13 @@ NORMALISED = {
                         ("steps", pa.list_(pa.string())), ("ratings", pa.list_(pa.int8())), ("gold", pa.string()),
                         ("content_hash", pa.string())]),
 }
-# a records file holding any tool field (conversations only)
-NORMALISED_TOOLS = {"sft": pa.schema([("id", pa.string()), ("group", pa.string()), ("messages", TOOL_MESSAGES_TYPE),
-                                      ("tools", pa.string()), ("content_hash", pa.string())])}
+# a records file holding any tool field (conversations and RL prompts)
+NORMALISED_TOOLS = {
+    "sft": pa.schema([("id", pa.string()), ("group", pa.string()), ("messages", TOOL_MESSAGES_TYPE),
+                      ("tools", pa.string()), ("content_hash", pa.string())]),
+    "prompts": pa.schema([("id", pa.string()), ("group", pa.string()), ("prompt", TOOL_MESSAGES_TYPE),
+                          ("tools", pa.string()), ("gold", pa.string()), ("content_hash", pa.string())]),
+}
 
 
 def layout(kind: str, tools: bool) -> pa.Schema:
@@ -315,6 +331,8 @@ def to_row(record: Record, tools: bool = False) -> dict:
     row = {"id": record.id, "group": record.group, "content_hash": content_hash(record)}
     if isinstance(record, Conversation) and tools:
         row.update(messages=_tool_rows(record.messages), tools=_json(record.tools))
+    elif isinstance(record, OutcomePrompt) and tools:
+        row.update(prompt=_tool_rows(record.prompt), tools=_json(record.tools), gold=record.gold)
     elif isinstance(record, Conversation):
         row["messages"] = messages_plain(record.messages)
     else:
@@ -344,7 +362,8 @@ def from_row(kind: str, row: dict) -> Record:
     if kind == "pairs":
         return PreferencePair(row["id"], _messages(row["prompt"]), row["chosen"], row["rejected"], row["group"])
     if kind == "prompts":
-        return OutcomePrompt(row["id"], _messages(row["prompt"]), row["gold"], row["group"])
+        return OutcomePrompt(row["id"], _messages(row["prompt"]), row["gold"], row["group"],
+                             _from_json(row.get("tools")))
     if kind == "steps":
         return StepLabelled(row["id"], _messages(row["prompt"]), tuple(row["steps"]), tuple(row["ratings"]),
                             row["gold"], row["group"])

@@ -13,6 +13,7 @@ columns with default names; a source config can rename them (`columns = { questi
 | argilla_responses | instruction, chosen_response, rejected_response (string); optional chosen_rating, rejected_rating (number) | pairs |
 | pair_columns    | prompt, chosen, rejected (string)             | pairs          |
 | prompt_answer   | prompt (string), answer (string)              | prompts        |
+| messages_answer | messages (ending with a user or tool turn), answer (string), tools (optional) | prompts |
 | prm800k         | question, label (objects: PRM800K's JSONL)     | steps, pairs   |
 
 `math` takes an optional `answer` column (MATH-500's layout): when present it is the gold, else the last `\boxed{}`
@@ -21,12 +22,13 @@ chosen and rejected responses and their ratings); a row whose chosen rating is n
 rejection, not a pair. `prm800k` rows (align.data.prm800k) become one step-labelled record, or several step-level
 preference pairs.
 
-A `messages` row may carry tools in the OpenAI / Hugging Face layout: `tool_calls` on assistant turns (a list of
-`{"type": "function", "function": {"name", "arguments"}}`, or its JSON text; the turn's content may be null or
-empty), `tool` turns with `tool_call_id` / `name` where present, and a `tools` column of function definitions
-(JSON schema: a JSON text, or a list). Inside tool calls and definitions, keys whose value is null are dropped: a
-parquet struct column fills every key any row has with null, which no template should render (write JSON text to
-keep a null). Validation (align.data.schema) names the row and field, e.g. `messages[2].tool_calls[0].function.name`.
+A `messages` or `messages_answer` row may carry tools in the OpenAI / Hugging Face layout: `tool_calls` on
+assistant turns (a list of `{"type": "function", "function": {"name", "arguments"}}`, or its JSON text; the turn's
+content may be null or empty), `tool` turns with `tool_call_id` / `name` where present, and a `tools` column of
+function definitions (JSON schema: a JSON text, or a list). Inside tool calls and definitions, keys whose value is
+null are dropped: a parquet struct column fills every key any row has with null, which no template should render
+(write JSON text to keep a null). Validation (align.data.schema) names the row and field, e.g.
+`messages[2].tool_calls[0].function.name`.
 
 GSM8K solutions become worked solutions in the bundled task's style: calculator annotations `<<48/2=24>>` are
 dropped and the final `#### N` line becomes `The answer is \\boxed{N}.`, so every SFT source teaches one answer
@@ -41,7 +43,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from align.data.prm800k import prm800k_records
-from align.data.schema import Conversation, Message, OutcomePrompt, PreferencePair, Record, RowError
+from align.data.schema import Conversation, Message, OutcomePrompt, PreferencePair, Record, RowError, validate
 
 TEXT, MESSAGES, OBJECT, NUMBER, JSON = "text", "messages", "object", "number", "json"
 
@@ -66,6 +68,7 @@ FORMATS = {
                                 ("pairs",), {"chosen_rating": NUMBER, "rejected_rating": NUMBER}),
     "pair_columns": Format({"prompt": TEXT, "chosen": TEXT, "rejected": TEXT}, ("pairs",)),
     "prompt_answer": Format({"prompt": TEXT, "answer": TEXT}, ("prompts",)),
+    "messages_answer": Format({"messages": MESSAGES, "answer": TEXT}, ("prompts",), {"tools": JSON}),
     "prm800k": Format({"question": OBJECT, "label": OBJECT}, ("steps", "pairs")),
 }
 
@@ -256,6 +259,15 @@ def make_record(fmt: str, kind: str, row: dict, rid: str, group: str) -> Record:
         return _argilla_responses(row, rid, group)
     if fmt == "pair_columns":
         return PreferencePair(rid, _user(row["prompt"]), row["chosen"], row["rejected"], group)
+    if fmt == "messages_answer":  # an RL prompt as a conversation so far (tool turns included) and its gold
+        tools = _json_field("tools", row.get("tools"))
+        record = OutcomePrompt(rid, _messages("messages", row["messages"], tools=True), row["answer"].strip(), group,
+                               None if tools is None else tuple(tools))
+        try:
+            return validate(record)
+        except RowError as exc:  # the record's `prompt` is this file's `messages` column: name that
+            raise RowError("messages" + exc.field[len("prompt"):] if exc.field.startswith("prompt") else exc.field,
+                           exc.reason) from None
     if fmt == "prompt_answer":
         return OutcomePrompt(rid, _user(row["prompt"]), row["answer"].strip(), group)
     question, worked, gold_of, solution_of = {

@@ -14,8 +14,8 @@ import pytest
 
 from align.data.encoding import EncodingConfig, encode_record
 from align.data.ingest_parquet import RECORDS, SourceConfig, ingest_source, iter_records
-from align.data.schema import (Conversation, Message, NORMALISED, OutcomePrompt, RowError, content_hash,
-                               messages_plain, validate)
+from align.data.schema import (Conversation, Message, NORMALISED, OutcomePrompt, PreferencePair, RowError,
+                               content_hash, messages_plain, validate)
 from align.exceptions import DataError
 from align.tokenizer import Tokenizer
 
@@ -113,9 +113,11 @@ def test_bad_tool_rows_are_rejections_naming_row_and_field(tmp_path, messages, t
     assert rejection["row"] == 9 and rejection["column"] == column and reason in rejection["reason"]
 
 
-def test_tool_fields_are_for_conversations_only():
+def test_tool_fields_are_for_conversations_and_rl_prompts_only():
     prompt = (Message("user", "x", tool_call_id="c1"),)
-    with pytest.raises(RowError, match=r"prompt\[0\]: tool calls and results are carried by conversations"):
+    with pytest.raises(RowError, match=r"prompt\[0\]: tool calls and results are carried by conversations and RL"):
+        validate(PreferencePair("p", prompt, "a", "b"))
+    with pytest.raises(RowError, match=r"prompt\[0\]\.tool_call_id: belongs to a tool turn"):
         validate(OutcomePrompt("p", prompt, "1"))
 
 
@@ -132,3 +134,27 @@ def test_the_mistral_format_refuses_tool_turns_and_keeps_its_ids():
         encode_record(tok, Conversation("c", plain.messages, tools=(TOOL,)), EncodingConfig())
     with pytest.raises(DataError, match=r"message 1 has role 'tool'"):
         tok.encode_chat([{"role": "user", "content": "x"}, {"role": "tool", "content": "3"}])
+
+
+def test_rl_prompts_carry_tools_and_may_end_with_tool_results(tmp_path):
+    """`messages_answer` (kind prompts): the conversation so far and the gold; a plain prompt keeps the plain layout."""
+    rows = [{"messages": _tool_chat()[:3], "answer": " 3 ", "tools": json.dumps([TOOL])},
+            {"messages": [{"role": "user", "content": "2+2?"}], "answer": "4", "tools": None}]
+    path = _jsonl(tmp_path / "rl.jsonl", rows)
+    manifest = ingest_source("rl", SourceConfig(kind="prompts", format="messages_answer", path=str(path)),
+                             tmp_path / "out")
+    assert manifest["rows_out"] == 2 and manifest["rejected"] == 0
+    tool, plain = iter_records(tmp_path / "out" / RECORDS, "prompts")
+    assert tool.gold == "3" and tool.tools == (TOOL,) and tool.prompt[-1].role == "tool"
+    assert plain.tools is None and plain.prompt == (Message("user", "2+2?"),)
+    path = _jsonl(tmp_path / "plain.jsonl", rows[1:])
+    ingest_source("rl", SourceConfig(kind="prompts", format="messages_answer", path=str(path)), tmp_path / "plain")
+    assert pq.read_schema(tmp_path / "plain" / RECORDS) == NORMALISED["prompts"]
+    bad = _jsonl(tmp_path / "bad.jsonl", [{"messages": _tool_chat(), "answer": "3"}] + rows[1:] * 9)
+    manifest = ingest_source("rl", SourceConfig(kind="prompts", format="messages_answer", path=str(bad),
+                                                max_reject_fraction=0.5), tmp_path / "bad")
+    assert manifest["rejections"][0] == {"row": 0, "column": "messages",
+                                         "reason": "must end with a 'user' or 'tool' turn"}
+    tok = Tokenizer.from_pretrained()
+    with pytest.raises(DataError, match=r"chat: the Mistral v0\.3 format takes no tools"):
+        encode_record(tok, tool, EncodingConfig())

@@ -118,3 +118,18 @@ def test_tool_records_real_qwen_vocabulary(records, tmp_path):
     ours, theirs = _pair(write_dir(tmp_path, build("qwen2.5", *qwen_tiktoken_vocab()), "qwen2.5",
                                    TEMPLATE.read_text()))
     _check(records, ours, theirs)
+
+
+def test_tool_prompts_encode_like_transformers(tmp_path):
+    """An RL prompt row (`messages_answer`) whose conversation ends with tool results: the rollout prompt equals
+    transformers' apply_chat_template(prompt, tools=..., add_generation_prompt=True)."""
+    messages, tools = ROWS[0][0][:5], ROWS[0][1]
+    (tmp_path / "rl.jsonl").write_text(json.dumps({"messages": messages, "answer": "25", "tools": tools}) + "\n")
+    ingest_source("rl", SourceConfig(kind="prompts", format="messages_answer", path="rl.jsonl"), tmp_path / "out",
+                  base_dir=tmp_path)
+    (record,) = iter_records(tmp_path / "out" / RECORDS, "prompts")
+    ours, theirs = _pair(write_dir(tmp_path / "tok", trained("qwen2.5"), "qwen2.5", TEMPLATE.read_text()))
+    encoded = encode_record(ours, record, EncodingConfig(max_len=8192))
+    expected = theirs.apply_chat_template(messages, tools=tools, tokenize=True, add_generation_prompt=True,
+                                          return_dict=False)
+    assert encoded.ids[0].tolist() == list(expected) and not encoded.masks[0].any()

@@ -8,13 +8,17 @@ import shutil
 from datetime import datetime
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 import align.tokenizer.chat_template as chat_template
 from align.config import config_digest
 from align.data.encoding import DEFAULT_DATE_STRING, EncodingConfig, encode_record
+from align.data.ingest_parquet import SourceConfig, ingest_source
 from align.data.schema import Conversation, Message, OutcomePrompt
-from align.tokenizer import Tokenizer
+from align.data.shard_build import ShardBuildConfig, build_shards
+from align.tokenizer import Tokenizer, TokenizerConfig
 
 ASSET = Path(__file__).resolve().parents[2] / "assets" / "tokenizer" / "qwen3-tiny"
 # the date logic of Llama 3.2's published template (lines 8-14, 33), around a plain ChatML body
@@ -89,3 +93,24 @@ def test_the_mistral_format_takes_the_pin_and_its_ids_do_not_move():
 def test_an_empty_pin_is_refused():
     with pytest.raises(ValueError, match="date_string must be a non-empty date"):
         EncodingConfig(date_string=" ")
+
+
+def test_two_shard_builds_on_different_days_are_byte_identical(tok, tmp_path, monkeypatch):
+    """build_shards through the Llama 3.2-style template on two "days": the same shard files; another pin, other
+    ids and another encoding in the manifest (the build identity)."""
+    rows = [{"prompt": f"What is {i} + 2?", "response": f"{i} + 2 = {i + 2}."} for i in range(6)]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "sft.parquet")
+    ingest_source("sft", SourceConfig(kind="sft", format="prompt_response", path=str(tmp_path / "sft.parquet")),
+                  tmp_path / "records")
+    tokenizer = TokenizerConfig(path=str(Path(tok.source).parent))
+    builds = {}
+    days = (("a", datetime(2026, 12, 7), EncodingConfig()), ("b", datetime(2027, 3, 1), EncodingConfig()),
+            ("c", datetime(2027, 3, 1), EncodingConfig(date_string="01 Jan 2025")))
+    for name, day, cfg in days:
+        _on_day(monkeypatch, day)
+        manifest = build_shards(tmp_path / "records", tmp_path / name, tokenizer,
+                                ShardBuildConfig(encoding=cfg, workers=1))
+        files = sorted(p for p in (tmp_path / name).iterdir() if p.name != "manifest.json")
+        builds[name] = ([p.read_bytes() for p in files], manifest["encoding"])
+    assert builds["a"] == builds["b"] and builds["a"][1]["date_string"] == DEFAULT_DATE_STRING
+    assert builds["c"][0] != builds["a"][0] and builds["c"][1]["date_string"] == "01 Jan 2025"

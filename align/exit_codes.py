@@ -16,7 +16,7 @@ from typing import Callable, NoReturn
 
 from align.exceptions import (BAD_INPUT, DISK_FULL, HALT_CODES, NAMES, NONFINITE_HALT, OK, PREFLIGHT_REFUSED,
                                TRIPWIRE_HALT, WALL_BUDGET, AlignInputError, ExitCodeError)
-from align.utils.fsio import atomic_write_json
+from align.utils.fsio import atomic_write_json, disk_full_error
 
 # OK .. NAMES above are re-exported: callers of the supervisor contract read the codes from here.
 
@@ -50,6 +50,12 @@ def run_with_exit_codes(main: Callable[[], int | None]) -> int:
     except AlignInputError as exc:
         print(f"align: {type(exc).__name__}: {exc}", file=sys.stderr)
         return BAD_INPUT
+    except OSError as exc:  # a write outside align.utils.fsio (history, logs) that found the disk full
+        err = disk_full_error(exc.filename, None, exc)
+        if err is None:
+            raise
+        print(f"align: {NAMES[DISK_FULL]} ({DISK_FULL}): {err}", file=sys.stderr)
+        return DISK_FULL
     return int(code or 0)
 
 

@@ -63,13 +63,13 @@ def _disk_reason(exc: BaseException) -> str | None:
     return None
 
 
-def disk_full_error(path: str | os.PathLike, nbytes: int | None, exc: BaseException) -> DiskFullError | None:
+def disk_full_error(path: str | os.PathLike | None, nbytes: int | None, exc: BaseException) -> DiskFullError | None:
     """The `DiskFullError` that `exc`, raised while writing `nbytes` to `path`, stands for; None when it is another
     failure. Besides the errno (or its text, from pyarrow or safetensors), a write that failed without one (torch's
     zip writer: "unexpected pos") counts when the filesystem, once the partial write is removed, has fewer free
     bytes than the write needs: it could not have fit."""
     reason = _disk_reason(exc)
-    free = free_bytes(path)
+    free = free_bytes(path) if path is not None else None
     if reason is None:
         if not nbytes or free is None or free >= nbytes:
             return None
@@ -77,6 +77,8 @@ def disk_full_error(path: str | os.PathLike, nbytes: int | None, exc: BaseExcept
     while isinstance(exc, DiskFullError) and isinstance(exc.__cause__, Exception):
         exc = exc.__cause__  # nested: quote the original failure once
     said = str(exc).splitlines()[0] if str(exc) else ""
+    if path is None:
+        path = "(a file its writer did not name)"
     return DiskFullError(f"{path}: {reason} while writing {human_bytes(nbytes)}; free on its filesystem: "
                          f"{human_bytes(free)} ({type(exc).__name__}: {said})")
 

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, TextIO
 
-from align.utils.fsio import atomic_write_text
+from align.utils.fsio import atomic_write_text, disk_errors
 
 STEP = "step"
 
@@ -96,9 +96,11 @@ class MetricsHistory:
         row = {c: _finite_or_none(metrics.get(c)) for c in self.columns}
         row[STEP] = int(step)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(_line(row))
-            f.flush()
+        line = _line(row)
+        with disk_errors(self.path, len(line.encode())):  # a torn tail is repaired at the next open
+            with open(self.path, "a", encoding="utf-8") as f:
+                f.write(line)
+                f.flush()
         return row
 
 

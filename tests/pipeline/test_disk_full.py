@@ -150,3 +150,22 @@ def test_receipt_on_a_full_disk_fails_the_task_and_it_reruns(tmp_path):
     res = doit(toy, "ingest")  # doit did not record the task as done: it runs again and writes its receipt
     assert res.returncode == 0, res.stderr
     assert ran(toy, seen) == ["ingest"] and (receipts / "ingest.json").is_file()
+
+
+def test_any_other_write_on_a_full_disk_is_named_too(tmp_path):
+    mount = tmp_path / "disk"
+    res, left = on_small_tmpfs(mount, "16k", [*worker("""
+        from align.utils.tracking import MetricsHistory
+        MetricsHistory(out / "history.jsonl").log(1, {"loss": 1.0, "note": "x" * 100_000})
+    """), str(mount)])
+    assert res.returncode == DISK_FULL, res.stderr
+    line = res.stderr.strip()
+    assert line.startswith(f"align: disk full (84): {mount}/history.jsonl: no space left on device while writing ")
+    assert "Traceback" not in res.stderr
+    res, left = on_small_tmpfs(mount, "16k", [*worker("""
+        with open(out / "notes.txt", "w") as f:  # a write no align helper wraps: the error names no file
+            f.write("x" * 100_000)
+    """), str(mount)])
+    assert res.returncode == DISK_FULL, res.stderr
+    assert res.stderr.startswith("align: disk full (84): (a file its writer did not name): no space left on device")
+    assert "free on its filesystem: unknown" in res.stderr and "Traceback" not in res.stderr

@@ -9,8 +9,9 @@ The DVC idea (its state database keys hashes by mtime, size and inode), with two
 
 One small JSON file per artifact directory, in a cache folder (never inside the artifact: its listing stays what the
 producer published): `$ALIGN_STAT_CACHE` (`off` disables it), else `$ALIGN_RUNS_DIR/.stat_cache` (every stage
-worker has it), else `~/.cache/align/stat_cache`. The cache is advisory: written atomically, a lost or unreadable
-one only costs a rehash, and a cache that cannot be written (read-only folder) is skipped."""
+worker has it; the launcher uses the same folder), else none (a library call outside the pipeline hashes every
+time, and leaves no state behind). The cache is advisory: written atomically, a lost or unreadable one only costs a
+rehash, and a cache that cannot be written (read-only folder) is skipped."""
 
 from __future__ import annotations
 
@@ -32,10 +33,7 @@ def default_cache_dir() -> Path | None:
     if explicit:
         return None if explicit == "off" else Path(explicit)
     runs = os.environ.get("ALIGN_RUNS_DIR")
-    if runs:
-        return Path(runs) / ".stat_cache"
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "align" / "stat_cache"
+    return Path(runs) / ".stat_cache" if runs else None
 
 
 def _key(st: os.stat_result) -> list[int]:

@@ -23,7 +23,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("align.train", "align.inference", "align.lora.decode", "align.lora.checkpoint"),
     ("align.data", "align.model", "align.lora.adapters"),
     ("align.tokenizer", "align.utils", "align.config", "align.profile", "align.registry", "align.exit_codes"),
-    ("align.kernels", "align.verify", "align.exceptions", "align"),
+    ("align.kernels", "align.verify", "align.sandbox", "align.exceptions", "align"),
 )
 
 

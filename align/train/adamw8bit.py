@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from align.train.rank_state import RankShardState
 from align.train.quant8 import SIGNED, UNSIGNED, dequantize, n_blocks, quantize, stochastic_round_to_bf16
 
 _SEED_MIX = 0x9E3779B97F4A7C15  # odd 64-bit constant (golden ratio) to spread (step, index) over the seed space
@@ -36,8 +37,9 @@ def _world() -> tuple[int, int]:
     return 0, 1
 
 
-class AdamW8bit(torch.optim.Optimizer):
+class AdamW8bit(RankShardState, torch.optim.Optimizer):
     local_shard_state = True  # state tensors are plain local-shard tensors, never DTensors
+    state_name = "adamw8bit"
 
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0.0, min_8bit_numel: int = 4096, seed: int = 0):
@@ -108,18 +110,8 @@ class AdamW8bit(torch.optim.Optimizer):
         gen.manual_seed(seed)
         return gen
 
-    def state_dict(self) -> dict:
-        sd = super().state_dict()
-        sd["world_size"] = self.world
-        return sd
-
     def load_state_dict(self, state_dict: dict) -> None:
-        saved_world = state_dict.get("world_size", 1)
-        if saved_world != self.world:
-            raise ValueError(f"adamw8bit state was saved with world size {saved_world}; this run has {self.world}: "
-                             "its blocks follow the old sharding, so it cannot be loaded")
-        state_dict = {k: v for k, v in state_dict.items() if k != "world_size"}
-        super().load_state_dict(state_dict)
+        super().load_state_dict(self.checked_state(state_dict))
         # NOTE: torch casts floating state to the parameter's dtype on load; for bf16 parameters that would round
         # the fp32 absmax and moments and break bit-exact resume. Put the saved tensors back as they were.
         for group, saved_group in zip(self.param_groups, state_dict["param_groups"]):

@@ -29,6 +29,7 @@ from collections import defaultdict
 
 import torch
 
+from align.train.rank_state import RankShardState
 from align.utils.dist import rank, world_size
 
 STATE_KEYS = ("master", "exp_avg", "exp_avg_sq")  # fp32 host tensors in the local shard's shape
@@ -71,8 +72,9 @@ class _Staging:
         return sum(t.numel() * t.element_size() for s in self.slots for k, t in s.items() if k != "event")
 
 
-class OffloadAdamW(torch.optim.Optimizer):
+class OffloadAdamW(RankShardState, torch.optim.Optimizer):
     local_shard_state = True  # state tensors are plain host tensors of the local shard, never DTensors
+    state_name = "offload_adamw"
 
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0.0, chunk_numel: int = DEFAULT_CHUNK_NUMEL):
@@ -203,17 +205,9 @@ class OffloadAdamW(torch.optim.Optimizer):
             self._h2d = None
 
     # ------------------------------------------------------------------------------------------- checkpoints
-    def state_dict(self) -> dict:
-        sd = super().state_dict()
-        sd["world_size"] = self.world
-        return sd
-
     def load_state_dict(self, state_dict: dict) -> None:
         """Load this rank's saved state without torch's cast to the parameters' dtype and device (module doc)."""
-        saved_world = state_dict.get("world_size", 1)
-        if saved_world != self.world:
-            raise ValueError(f"offload_adamw state was saved with world size {saved_world}; this run has "
-                             f"{self.world}: its tensors are the old ranks' shards, so it cannot be loaded")
+        state_dict = self.checked_state(state_dict)
         saved_groups = state_dict["param_groups"]
         if len(saved_groups) != len(self.param_groups) or any(
                 len(a["params"]) != len(b["params"]) for a, b in zip(saved_groups, self.param_groups)):

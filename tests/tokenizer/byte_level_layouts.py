@@ -54,7 +54,8 @@ def added_tokens(layout: str) -> list[tuple[str, bool]]:
     return {"llama3": llama3_added(), "qwen2.5": QWEN25_ADDED, "qwen3": QWEN3_ADDED}[layout]
 
 
-def training_text(n_lines: int = 3000, seed: int = 0) -> list[str]:
+def training_text(n_lines: int = 3000, seed: int = 0, chat_lines: bool = True) -> list[str]:
+    """Synthetic lines to train a vocabulary on (with `chat_lines`, three chat/tool-format lines after them)."""
     rng = random.Random(seed)
     corpus = build_corpus()
     words = [w for text in corpus[:300] for w in text.split() if len(w) < 30]
@@ -64,6 +65,8 @@ def training_text(n_lines: int = 3000, seed: int = 0) -> list[str]:
         if rng.random() < 0.1:
             line += random_codepoint_text(rng, 8)
         lines.append(line)
+    if not chat_lines:
+        return lines
     return lines + ["<|im_start|>assistant\n<think>\n\n</think>\n\n", "<|start_header_id|>user<|end_header_id|>\n\n",
                     '{"name": "get_weather", "arguments": {"city": "Paris"}}']
 
@@ -144,3 +147,16 @@ def write_dir(directory: Path, hf_tokenizer, layout: str, chat_template: str | N
         config["chat_template"] = chat_template
     (directory / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
     return directory
+
+
+def check_ids(ours, hf, texts) -> None:
+    """align's ids equal `tokenizers`' on every text, with special-token text kept literal and parsed."""
+    hf.encode_special_tokens = True
+    try:
+        plain = [(t, ours.encode(t), hf.encode(t, add_special_tokens=False).ids) for t in texts]
+    finally:
+        hf.encode_special_tokens = False
+    special = [(t, ours.encode(t, add_special_tokens=True, parse_special=True), hf.encode(t).ids) for t in texts]
+    for name, rows in (("parse_special=False", plain), ("parse_special=True", special)):
+        bad = [(t[:40], a[:8], b[:8]) for t, a, b in rows if a != b]
+        assert not bad, f"{name}: {len(bad)} of {len(rows)} texts differ, first: {bad[:3]}"

@@ -9,34 +9,21 @@ import random
 import pytest
 
 from align.tokenizer import Tokenizer
-from tok_corpus import build_corpus, random_codepoint_text
+from byte_level_layouts import LLAMA3_PATTERN, check_ids, training_text
+from tok_corpus import build_corpus
 
 pytestmark = pytest.mark.oracle
 tokenizers = pytest.importorskip("tokenizers")
 from tokenizers import AddedToken, decoders, models, normalizers, pre_tokenizers, processors, trainers  # noqa: E402
 
 CORPUS = build_corpus()
-LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-                  r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 SPECIALS = ["<|endoftext|>", "<|begin_of_text|>", "<|pad|>"]
-
-
-def _training_text(n_lines: int = 3000, seed: int = 0) -> list[str]:
-    rng = random.Random(seed)
-    words = [w for text in CORPUS[:300] for w in text.split() if len(w) < 30]
-    lines = []
-    for _ in range(n_lines):
-        line = " ".join(rng.choice(words) for _ in range(rng.randint(3, 15)))
-        if rng.random() < 0.1:
-            line += random_codepoint_text(rng, 8)
-        lines.append(line)
-    return lines
 
 
 def _train(tok, ignore_merges: bool):
     trainer = trainers.BpeTrainer(vocab_size=1500, special_tokens=SPECIALS, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(_training_text(), trainer=trainer)
+    tok.train_from_iterator(training_text(chat_lines=False), trainer=trainer)
     if ignore_merges:  # the trainer builds a plain model; Llama-3's tokenizer.json sets ignore_merges
         state = tok.to_str()
         tok = tokenizers.Tokenizer.from_str(state.replace('"ignore_merges":false', '"ignore_merges":true'))
@@ -84,17 +71,7 @@ EXTRA = ["|||EMAIL_ADDRESS|||", "mail me at |||EMAIL_ADDRESS||| or |||PHONE|||",
 
 def test_encode_matches_tokenizers(pair):
     ours, hf, prefix_space = pair
-    texts = CORPUS + EXTRA
-    hf.encode_special_tokens = True
-    try:
-        plain = [(t, ours.encode(t), hf.encode(t, add_special_tokens=False).ids) for t in texts]
-    finally:
-        hf.encode_special_tokens = False
-    special = [(t, ours.encode(t, add_special_tokens=True, parse_special=True), hf.encode(t).ids) for t in texts]
-    for name, rows in (("parse_special=False", plain), ("parse_special=True", special)):
-        bad = [(t[:50], a[:10], b[:10]) for t, a, b in rows if a != b]
-        assert not bad, f"{name}: {len(bad)} texts differ, first: {bad[:3]}"
-
+    check_ids(ours, hf, CORPUS + EXTRA)
 
 def test_pre_tokenizer_pieces_match_tokenizers(pair):
     """Finer than ids: the regex split itself (\\s is Unicode White_Space, not str.isspace; \\p{L} classes)."""

@@ -16,7 +16,7 @@ import random
 import pytest
 
 from align.tokenizer import Tokenizer
-from byte_level_layouts import LAYOUTS, build, qwen_tiktoken_vocab, trained, write_dir
+from byte_level_layouts import LAYOUTS, build, check_ids, qwen_tiktoken_vocab, trained, write_dir
 from tok_corpus import build_corpus
 
 pytestmark = pytest.mark.oracle
@@ -70,18 +70,6 @@ def deepseek_pair():
             tokenizers.Tokenizer.from_file(str(directory / "tokenizer.json")))
 
 
-def _check_ids(ours, hf, texts):
-    hf.encode_special_tokens = True
-    try:
-        plain = [(t, ours.encode(t), hf.encode(t, add_special_tokens=False).ids) for t in texts]
-    finally:
-        hf.encode_special_tokens = False
-    special = [(t, ours.encode(t, add_special_tokens=True, parse_special=True), hf.encode(t).ids) for t in texts]
-    for name, rows in (("parse_special=False", plain), ("parse_special=True", special)):
-        bad = [(t[:40], a[:8], b[:8]) for t, a, b in rows if a != b]
-        assert not bad, f"{name}: {len(bad)} of {len(rows)} texts differ, first: {bad[:3]}"
-
-
 def _check_decode(ours, hf, texts):
     for text in texts:
         ids = hf.encode(text).ids
@@ -98,7 +86,7 @@ def _check_offsets(ours, hf, texts):
 
 
 def test_trained_layouts_encode_like_tokenizers(trained_pair):
-    _check_ids(*trained_pair, TEXTS)
+    check_ids(*trained_pair, TEXTS)
 
 
 def test_trained_layouts_pre_tokenize_like_tokenizers(trained_pair):
@@ -133,14 +121,14 @@ def test_digits_split_as_published(trained_pair):
 def test_qwen_real_vocabulary_encodes_like_tokenizers(qwen_real_pair):
     ours, hf = qwen_real_pair
     assert ours.vocab_size == 151643 + 22
-    _check_ids(ours, hf, TEXTS)
+    check_ids(ours, hf, TEXTS)
     _check_decode(ours, hf, TEXTS)
     _check_offsets(ours, hf, TEXTS)
 
 
 def test_deepseek_tokenizer_json_encodes_like_tokenizers(deepseek_pair):
     ours, hf = deepseek_pair
-    _check_ids(ours, hf, TEXTS)
+    check_ids(ours, hf, TEXTS)
     _check_decode(ours, hf, TEXTS)
     _check_offsets(ours, hf, TEXTS)
 

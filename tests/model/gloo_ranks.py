@@ -3,6 +3,7 @@ would cost seconds per test on this 2-core host)."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -37,3 +38,14 @@ def run_ranks(script: Path, world: int, *args: str, timeout: float = 240, gpus: 
     for r, (p, (_out, err)) in enumerate(zip(procs, outs)):
         assert p.returncode == 0, f"rank {r} exited {p.returncode}:\n{err[-3000:]}"
     return [out for out, _ in outs]
+
+
+def rank_results(source: str, tmp_path: Path, world: int, *args: str) -> list[dict]:
+    """Write a worker's `source` under tmp_path, run it on `world` ranks, and return the JSON object each rank
+    printed (the lines starting with "{"), checking that every rank reported once."""
+    script = tmp_path / "worker.py"
+    script.write_text(source)
+    outs = run_ranks(script, world, *args)
+    results = [json.loads(line) for out in outs for line in out.splitlines() if line.startswith("{")]
+    assert sorted(r["rank"] for r in results) == list(range(world))
+    return results

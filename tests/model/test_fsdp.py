@@ -4,11 +4,9 @@ state dict gathered from the shards saves as a checkpoint equal to the unsharded
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
-from gloo_ranks import run_ranks  # the plain-process launcher the other gloo tests share
+from gloo_ranks import rank_results  # the plain-process launcher the other gloo tests share
 
 pytestmark = pytest.mark.distributed
 
@@ -59,11 +57,7 @@ exit_process(0)  # not a plain exit: gloo's threads can abort a finished rank at
 
 
 def test_fully_shard_per_layer_matches_unsharded(tmp_path):
-    script = tmp_path / "worker.py"
-    script.write_text(WORKER)
-    outs = run_ranks(script, 2, str(tmp_path / "ck"))
-    results = [json.loads(line) for out in outs for line in out.splitlines() if line.startswith("{")]
-    assert sorted(r["rank"] for r in results) == [0, 1]
+    results = rank_results(WORKER, tmp_path, 2, str(tmp_path / "ck"))
     for r in results:
         assert r["dtensor"] == "DTensor" and r["worst"] <= 1e-6
     assert [r["same"] for r in results if r["rank"] == 0] == [True]

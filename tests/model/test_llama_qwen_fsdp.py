@@ -5,11 +5,10 @@ the shards saves as a checkpoint that loads back as that family's model with the
 
 from __future__ import annotations
 
-import json
 
 import pytest
 
-from gloo_ranks import run_ranks
+from gloo_ranks import rank_results
 
 pytestmark = pytest.mark.distributed
 
@@ -67,11 +66,7 @@ exit_process(0)  # not a plain exit: gloo's threads can abort a finished rank at
 
 
 def test_fully_shard_equals_one_process(tmp_path):
-    script = tmp_path / "worker.py"
-    script.write_text(WORKER)
-    outs = run_ranks(script, 2, str(tmp_path / "ck"))
-    results = [json.loads(line) for out in outs for line in out.splitlines() if line.startswith("{")]
-    assert sorted(r["rank"] for r in results) == [0, 1]
+    results = rank_results(WORKER, tmp_path, 2, str(tmp_path / "ck"))
     for r in results:
         assert sorted(r["results"]) == ["llama", "qwen2", "qwen3"]
         for family, res in r["results"].items():

@@ -5,7 +5,6 @@ the shards saves as a checkpoint that loads back as that family's model with the
 
 from __future__ import annotations
 
-
 import pytest
 
 from gloo_ranks import rank_results

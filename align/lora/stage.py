@@ -36,9 +36,8 @@ from align.lora.adapters import (ADAPTER_KEYS, LoraConfig, apply_lora, lora_laye
 from align.rollout.native import NativeRolloutClient
 from align.utils.dist import broadcast_object, is_rank0
 from align.utils.fsio import publish_dir, staging_dir
-from align.utils.manifest import read_manifest, write_manifest
+from align.utils.manifest import RESERVED_KEYS, read_manifest, write_manifest
 
-MANIFEST_OWN_KEYS = ("kind", "files", "inputs", "created")  # write_manifest's reserved keys; the rest are extras
 
 
 def maybe_lora(model: nn.Module, cfg: LoraConfig | None, label: str = "", seed: int | None = None) -> nn.Module:
@@ -163,7 +162,7 @@ def _publish_merged(trainer, lora: LoraConfig, weights: dict, final: Path, base_
         save_adapter_state(peft_adapter_state(weights), lora, tmp / "adapter", base_model)
         manifest = read_manifest(tmp)
         write_manifest(tmp, manifest["kind"], inputs=manifest["inputs"],
-                       extra={k: v for k, v in manifest.items() if k not in MANIFEST_OWN_KEYS})
+                       extra={k: v for k, v in manifest.items() if k not in RESERVED_KEYS})
     publish_dir(tmp, final)
     report = check_published(trainer.module.model, final, weights=merged)  # a plain model built from `merged`
     print(f"lora: published the merged checkpoint {final}: round trip exact ({report['tensors']} tensors, forward "

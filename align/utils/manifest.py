@@ -37,6 +37,9 @@ def hash_files(root: str | os.PathLike) -> dict[str, dict]:
     return {rel: {"sha256": sha256_file(p), "bytes": p.stat().st_size} for rel, p in _iter_files(root)}
 
 
+RESERVED_KEYS = ("kind", "files", "inputs", "created", "numerics")  # what write_manifest writes itself; never extras
+
+
 def write_manifest(root: str | os.PathLike, kind: str, inputs: dict | None = None, extra: dict | None = None) -> dict:
     """Hash every file under `root` and write `root/manifest.json` last. Returns the manifest."""
     root = Path(root)

@@ -224,10 +224,9 @@ def _embedding(num: int, dim: int, padding_idx: int | None) -> nn.Embedding:
     return nn.Embedding(num, dim, padding_idx=padding_idx, _weight=torch.empty(num, dim))
 
 
-class MistralForCausalLM(_MistralBase):
-    """The policy/reference model. forward -> logits (B, T, V); lm_head shares embed_tokens.weight when tied."""
-
-    hf_architecture = "MistralForCausalLM"
+class _CausalLM(_MistralBase):
+    """A trunk with an LM head (B, T, D) -> (B, T, V); lm_head shares embed_tokens.weight when tied. The base of
+    every family's causal LM (the MoE one adds its router statistics to the trunk's forward)."""
 
     def __init__(self, cfg: MistralConfig, attn: AttentionConfig | None = None, init: bool = True):
         super().__init__(cfg, attn)
@@ -239,6 +238,12 @@ class MistralForCausalLM(_MistralBase):
     def tie_weights(self) -> None:
         if self.config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+
+
+class MistralForCausalLM(_CausalLM):
+    """The policy/reference model. forward -> logits (B, T, V)."""
+
+    hf_architecture = "MistralForCausalLM"
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None, kv_cache: KVCache | None = None,

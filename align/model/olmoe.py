@@ -22,7 +22,7 @@ from torch import nn
 from align.model.attention import AttentionConfig, KVCache
 from align.model.hf_config import MistralConfig
 from align.model.layers import RMSNorm
-from align.model.mistral import MistralAttention, MistralModel, _MistralBase
+from align.model.mistral import MistralAttention, MistralModel, _CausalLM
 from align.model.moe import BACKENDS, ROUTER_DTYPES, Experts, Router, RouterDtype, RouterStats, SparseMoeBlock
 
 
@@ -139,7 +139,7 @@ class OlmoeModel(MistralModel):
         return self.norm(hidden), router_logits
 
 
-class OlmoeForCausalLM(_MistralBase):
+class OlmoeForCausalLM(_CausalLM):
     """The MoE policy/reference model. forward -> logits (B, T, V), or (logits, RouterStats) when asked."""
 
     hf_architecture = "OlmoeForCausalLM"
@@ -148,15 +148,7 @@ class OlmoeForCausalLM(_MistralBase):
     def __init__(self, cfg: OlmoeConfig, attn: AttentionConfig | None = None, init: bool = True):
         if not isinstance(cfg, OlmoeConfig):
             raise TypeError(f"OlmoeForCausalLM needs an OlmoeConfig, got {type(cfg).__name__}")
-        super().__init__(cfg, attn)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        self.tie_weights()
-        if init:
-            self.init_weights()
-
-    def tie_weights(self) -> None:
-        if self.config.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
+        super().__init__(cfg, attn, init)
 
     def forward_hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                        position_ids: torch.Tensor | None = None, kv_cache: KVCache | None = None,

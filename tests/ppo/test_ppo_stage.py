@@ -18,38 +18,18 @@ from align.model.checkpoint import checkpoint_content_hash
 from align.utils.tracking import read_history
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "rl"))
+from stage_inputs import CONFIG as GRPO_CONFIG  # noqa: E402
 from stage_inputs import runs_tree  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 4  # 2 rollouts x 2 minibatches: rollout 0 trains the critic only, rollout 1 both
-CONFIG = f"""include = "common.toml"
-[train]
-max_steps = {STEPS}
-checkpoint_every = 1
-[data]
-start = "dpo_checkpoint/final"
-eval_rows = 4
-threads = 1
-[shape]
-prompts = 2
-samples = 4
-max_new_tokens = 6
-num_minibatches = 2
-micro_batch_size = 4
-truncated = "keep"
-[ppo]
+# GRPO's test config without its [dynamic_sampling] (PPO's stays at its default, off), and PPO's own tables
+CONFIG = GRPO_CONFIG.format(steps=STEPS).replace("[dynamic_sampling]\nmax_rounds = 1\n", "") + """[ppo]
 kl_beta = 0.05
 critic_warmup_rollouts = 1
 critic_extra_epochs = 2
-[canary]
-every = 2
-rows = 2
-[optimizer]
-lr = 1e-3
 [critic_optimizer]
 lr = 1e-3
-[scheduler]
-name = "constant"
 """
 
 

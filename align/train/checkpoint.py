@@ -30,13 +30,14 @@ import torch
 from align.exceptions import ArtifactError, CheckpointError
 from align.train import faults
 from align.utils.dist import barrier, broadcast_object, is_rank0, rank, world_size
-from align.utils.fsio import disk_errors, publish_dir, staging_dir
+from align.utils.fsio import disk_errors, publish_dir, sha256_file, staging_dir
 from align.utils.guard import require_free_disk
 from align.utils.manifest import read_manifest, write_manifest
 
 KIND = "train_checkpoint"
 RESUME_FILE = "resume.pt"
 MODEL_DIR = "model"
+DCP_METADATA = "dcp/.metadata"  # the sharded layout's (align.train.sharded_checkpoint) DCP index
 FORMAT = 1
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 _PARTIAL = re.compile(r"^step_\d+\.(partial|old)-\d+$")
@@ -62,8 +63,22 @@ def checkpoint_problem(ckpt: Path) -> str | None:
         if needed not in files:
             return f"{ckpt}: manifest lists no {needed}"
     ranks = manifest.get("world_size", 1)
+    if manifest.get("layout") == "sharded":  # align.train.sharded_checkpoint: DCP shards, no per-rank .pt files
+        return _sharded_problem(ckpt, manifest)
     if ranks > 1 and any(optimizer_file(r) not in files for r in range(ranks)):
         return f"{ckpt}: manifest lacks a per-rank optimizer file for one of {ranks} ranks"
+    return None
+
+
+def _sharded_problem(ckpt: Path, manifest: dict) -> str | None:
+    """A sharded checkpoint lists one DCP file per rank; DCP's `.metadata` (a dot file, which manifests skip) is
+    recorded under "dcp_metadata" with its size and sha256."""
+    ranks = manifest.get("world_size", 1)
+    if any(f"dcp/__{r}_0.distcp" not in manifest["files"] for r in range(ranks)):
+        return f"{ckpt}: manifest lacks a DCP shard for one of {ranks} ranks"
+    meta, want = ckpt / DCP_METADATA, manifest.get("dcp_metadata") or {}
+    if not meta.is_file() or meta.stat().st_size != want.get("bytes"):
+        return f"{ckpt}: {DCP_METADATA} missing or not the {want.get('bytes')} bytes the manifest lists"
     return None
 
 
@@ -92,9 +107,12 @@ def latest_checkpoint(root: str | os.PathLike) -> Path | None:
 def verify_checkpoint(ckpt: Path) -> None:
     """Every file of `ckpt` against its manifest's sha256 (the stat cache skips files unchanged since verified)."""
     try:
-        read_manifest(ckpt, kind=KIND, verify_hashes=True)
+        manifest = read_manifest(ckpt, kind=KIND, verify_hashes=True)
     except ArtifactError as exc:
         raise CheckpointError(f"resume refused: {exc}") from None
+    want = (manifest.get("dcp_metadata") or {}).get("sha256")
+    if want is not None and (got := sha256_file(ckpt / DCP_METADATA)) != want:
+        raise CheckpointError(f"resume refused: {ckpt / DCP_METADATA}: sha256 {got}, manifest {want}")
 
 
 def save_checkpoint(root: str | os.PathLike, step: int, *, weights: dict[str, torch.Tensor], write_weights,
@@ -166,6 +184,11 @@ def _save_staged(staging: Path, final: Path, step: int, weights, write_weights, 
         if is_rank0():
             shutil.rmtree(staging, ignore_errors=True)
         raise
+
+
+def checkpoint_layout(ckpt: Path) -> str:
+    """"hf" (this module's layout) or "sharded" (align.train.sharded_checkpoint), from the manifest."""
+    return read_manifest(ckpt, kind=KIND).get("layout", "hf")
 
 
 def checkpoint_identity(ckpt: Path) -> dict | None:

@@ -26,7 +26,8 @@ CODE_DIGEST_ENV = "ALIGN_CODE_DIGEST"
 
 # Dotted config keys that never change what is trained: an attempt that differs only in these resumes.
 OPERATIONAL_KEYS = ("train.checkpoint_every", "train.keep_last", "train.pin_every", "train.max_wall_seconds",
-                    "train.pg_timeout_after_first_step_s", "preflight", "lock", "supervisor")
+                    "train.pg_timeout_after_first_step_s", "train.checkpoint_format", "preflight", "lock",
+                    "supervisor")
 
 
 def _drop(tree: dict, dotted: str) -> None:

@@ -37,6 +37,7 @@ import torch
 from align.exit_codes import NONFINITE_HALT, TRIPWIRE_HALT, WALL_BUDGET, write_halt_marker
 from align.train import checkpoint as ckpt_io
 from align.train import faults
+from align.train import sharded_checkpoint as sharded_io
 from align.train.callbacks import Callback
 from align.train.ckpt_format import WeightFormat, weight_format_for
 from align.train.control import Flags, SkipTracker, StopSignals, agree, agreed_reason, halt_together
@@ -62,6 +63,7 @@ class TrainerConfig:
     max_skipped_fraction: float = 0.05  # more bad steps than this fraction (after skipped_fraction_after): HALT 81
     skipped_fraction_after: int = 100
     pg_timeout_after_first_step_s: float | None = 600.0  # shorter collective timeout once start-up is behind
+    checkpoint_format: str = "hf"  # "sharded": per-rank DCP shards, no rank-0 gather (align.train.sharded_checkpoint)
 
     def __post_init__(self):
         if self.max_steps < 1:
@@ -70,6 +72,8 @@ class TrainerConfig:
             raise ValueError(f"keep_last must be >= 1, got {self.keep_last}")
         if self.checkpoint_every < 0 or self.pin_every < 0:
             raise ValueError("checkpoint_every and pin_every must be >= 0")
+        if self.checkpoint_format not in sharded_io.FORMATS:
+            raise ValueError(f"checkpoint_format must be one of {sharded_io.FORMATS}, got {self.checkpoint_format!r}")
 
 
 def _window(item) -> list[dict]:
@@ -213,15 +217,22 @@ class Trainer:
         """Collective. Writes `checkpoints/step_<step>` unless this step is already saved."""
         if self._last_saved_step == self.step:
             return None
-        weights = self.module.full_model_state_dict()
+        sharded = self.cfg.checkpoint_format == sharded_io.LAYOUT
+        weights = {} if sharded else self.module.full_model_state_dict()
         ranks = gather_object(self._rank_state())  # rank 0 writes resume.pt; the others' states go to it only
         if self.cfg.pin_every and self.step % self.cfg.pin_every == 0:
             self.pinned.add(self.step)
         resume = {"micro_step": self.micro_step, "ranks": ranks, "skips": self.skips.state_dict(),
                   "pinned": sorted(self.pinned)}
-        path = ckpt_io.save_checkpoint(self.ckpt_root, self.step, weights=weights, write_weights=self._write_weights,
-                                       resume=resume, module_state=self.module.state_dict(),
-                                       identity=self.identity)
+        if sharded:
+            path = sharded_io.save_sharded(self.ckpt_root, self.step, model=self.module.model,
+                                           optimizer=self.module.optimizer, identity=self.identity,
+                                           resume=dict(resume, module_step=self.module.step),
+                                           hf_config=self._hf_config())
+        else:
+            path = ckpt_io.save_checkpoint(self.ckpt_root, self.step, weights=weights,
+                                           write_weights=self._write_weights, resume=resume,
+                                           module_state=self.module.state_dict(), identity=self.identity)
         self._last_saved_step = self.step
         self.checkpoints_written.append(path)
         ckpt_io.prune(self.ckpt_root, self.cfg.keep_last, self.pinned)
@@ -236,6 +247,13 @@ class Trainer:
             self._weight_format = weight_format_for(self.module.model)
         return self._weight_format
 
+    def _hf_config(self) -> dict:
+        """What align.model.config_io.save_hf_config needs to write this model's config.json."""
+        m = self.module.model
+        dtype = next(p.dtype for p in m.parameters() if p.is_floating_point())
+        return {"cfg": m.config, "architecture": m.hf_architecture, "extra": m.hf_config_extra(),
+                "dtype": str(dtype).removeprefix("torch.")}
+
     def _write_weights(self, weights: dict, out_dir: Path, **kwargs) -> Path:
         return self.weight_format.write(self.module.model, weights, out_dir, **kwargs)
 
@@ -246,11 +264,17 @@ class Trainer:
         if found is None:
             return None
         ckpt = Path(found)
-        payload = ckpt_io.load_resume(ckpt)
-        self.module.load_model_state_dict(self.weight_format.read(self.module.model, ckpt / ckpt_io.MODEL_DIR))
-        self.module.load_state_dict(payload["module"])
-        mine = payload["ranks"][rank()]
-        self.module.load_extra_state(resolve_replicated([r["extra"] for r in payload["ranks"]], rank()))
+        if ckpt_io.checkpoint_layout(ckpt) == sharded_io.LAYOUT:  # each rank reads its part; any world size
+            payload = sharded_io.load_sharded(ckpt, self.module.model, self.module.optimizer)
+            self.module.step = int(payload["module_step"])
+            who, _exact = sharded_io.rank_state(payload)
+        else:
+            payload = ckpt_io.load_resume(ckpt)
+            self.module.load_model_state_dict(self.weight_format.read(self.module.model, ckpt / ckpt_io.MODEL_DIR))
+            self.module.load_state_dict(payload["module"])
+            who = rank()
+        mine = payload["ranks"][who]
+        self.module.load_extra_state(resolve_replicated([r["extra"] for r in payload["ranks"]], who))
         self.loader.load_state_dict(mine["loader"])
         for cb in self.callbacks:
             cb.load_state_dict(mine["callbacks"].get(cb.name, {}))

@@ -1,0 +1,114 @@
+"""`[train] checkpoint_format = "sharded"` (align.train.sharded_checkpoint): every rank writes its own DCP shard of
+the weights and the optimizer state, nothing is gathered on rank 0. Two gloo ranks under FSDP2
+(tests/train/sharded_worker.py): a crash mid-window resumes bitwise equal to an uninterrupted run; the 2-rank
+checkpoint resumes in ONE process with the weights and AdamW moments equal to the gathered ones and training going
+on; a SIGKILL of both ranks during a sharded save leaves the previous checkpoint, which resumes bitwise."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+from align.train import checkpoint as ckpt_io
+from align.utils.tracking import read_history
+from train_helpers import assert_bitwise_equal, build_sft, weights
+
+pytestmark = pytest.mark.distributed
+ROOT = Path(__file__).resolve().parents[2]
+WORKER = Path(__file__).parent / "sharded_worker.py"
+sys.path.insert(0, str(ROOT / "tests" / "model"))
+from gloo_ranks import free_port  # noqa: E402
+
+
+def launch(mode: str, out: Path, faults: str = "", timeout: float = 240) -> list[int]:
+    """Two plain gloo ranks of the worker; their exit codes (a SIGKILLed rank: -9). Once one rank is killed, the
+    other would wait at a collective for its peer: it is ended too (as torchrun ends a dead worker's peers)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2", "CUDA_VISIBLE_DEVICES": "", "ALIGN_FAULTS": faults}
+    procs = [subprocess.Popen([sys.executable, str(WORKER), mode, str(out)], cwd=ROOT, text=True,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}) for r in range(2)]
+    deadline = time.monotonic() + timeout
+    try:
+        while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+            if any(p.poll() == -9 for p in procs):
+                time.sleep(2.0)
+                for p in procs:
+                    if p.poll() is None:
+                        p.kill()
+            time.sleep(0.2)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    codes = [p.wait() for p in procs]
+    if faults == "":
+        for r, p in enumerate(procs):
+            assert codes[r] == 0, f"rank {r} exited {codes[r]}:\n{p.stderr.read()[-3000:]}"
+    return codes
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sharded")
+    launch("resume", out)
+    return out
+
+
+def test_each_rank_writes_its_own_shard(runs):
+    ckpt = runs / "full" / "checkpoints" / "step_5"
+    assert ckpt_io.latest_checkpoint(runs / "full" / "checkpoints") == ckpt
+    assert ckpt_io.checkpoint_layout(ckpt) == "sharded"
+    names = {p.relative_to(ckpt).as_posix() for p in ckpt.rglob("*") if p.is_file()}
+    assert {"dcp/__0_0.distcp", "dcp/__1_0.distcp", "dcp/.metadata", "resume.pt", "model/config.json"} <= names
+    assert not any(n.endswith(".safetensors") or n.startswith("optimizer_rank") for n in names)  # no gather
+
+
+def test_crash_mid_window_then_resume_is_bitwise_equal(runs):
+    saved = torch.load(runs / "resume.pt", weights_only=True)
+    assert_bitwise_equal(saved["full"], saved["resumed"])
+
+
+def test_two_rank_checkpoint_resumes_in_one_process(runs, tmp_path):
+    """DCP reshards: the FSDP2 shards of 2 ranks load into one unsharded process exactly, and training goes on."""
+    saved = torch.load(runs / "resume.pt", weights_only=True)
+    shutil.copytree(runs / "full" / "checkpoints", tmp_path / "checkpoints")
+    t = build_sft(tmp_path, max_steps=7, checkpoint_every=0, checkpoint_format="sharded")
+    assert t.resume().name == "step_5" and t.step == 5 and t.module.step == 5
+    assert_bitwise_equal(saved["full"], weights(t.module))
+    _, osd = get_state_dict(t.module.model, t.module.optimizer, options=StateDictOptions(full_state_dict=True))
+    assert set(osd["state"]) == set(saved["optimizer"])
+    for name, moments in saved["optimizer"].items():
+        for key in ("exp_avg", "exp_avg_sq", "step"):
+            assert torch.equal(osd["state"][name][key], moments[key]), (name, key)
+    before = weights(t.module)
+    t2 = build_sft(tmp_path, max_steps=7, checkpoint_every=0, checkpoint_format="sharded")
+    assert t2.fit() == 0 and t2.resumed_from.name == "step_5" and t2.step == 7
+    rows = read_history(tmp_path / "history.jsonl")
+    assert [r["step"] for r in rows][-2:] == [6, 7] and all(torch.isfinite(torch.tensor(r["loss"])) for r in rows)
+    assert any(not torch.equal(before[k], v) for k, v in weights(t2.module).items())  # it trained on
+    assert ckpt_io.checkpoint_layout(ckpt_io.latest_checkpoint(tmp_path / "checkpoints")) == "sharded"
+
+
+@pytest.mark.parametrize("point", ["save:staged", "save:manifest"])
+def test_sigkill_during_sharded_save_keeps_previous_and_resumes_bitwise(runs, tmp_path, point):
+    """SIGKILL in step 4's save (after the shards are written / after the manifest, before the rename): step_2
+    stays the newest complete checkpoint, and a relaunch resumes it to the uninterrupted run's weights."""
+    codes = launch("plain", tmp_path, faults=f"kill@{point},step=4,rank=0")
+    assert codes[0] == -9, codes
+    root = tmp_path / "plain" / "checkpoints"
+    assert ckpt_io.latest_checkpoint(root).name == "step_2"
+    assert not (root / "step_4").exists() and list(root.glob("step_4.partial-*"))  # the dead writer's staging
+    launch("plain", tmp_path)
+    got = torch.load(tmp_path / "plain.pt", weights_only=True)
+    assert got["resumed_from"] == "step_2"
+    assert_bitwise_equal(torch.load(runs / "resume.pt", weights_only=True)["full"], got["weights"])
+    assert not list(root.glob("step_4.partial-*"))  # the next save's pruning removed it

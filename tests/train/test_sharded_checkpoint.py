@@ -18,6 +18,7 @@ import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
 from align.train import checkpoint as ckpt_io
+from align.utils.manifest import verify_artifact
 from align.utils.tracking import read_history
 from train_helpers import assert_bitwise_equal, build_sft, weights
 
@@ -112,3 +113,42 @@ def test_sigkill_during_sharded_save_keeps_previous_and_resumes_bitwise(runs, tm
     assert got["resumed_from"] == "step_2"
     assert_bitwise_equal(torch.load(runs / "resume.pt", weights_only=True)["full"], got["weights"])
     assert not list(root.glob("step_4.partial-*"))  # the next save's pruning removed it
+
+
+def test_streaming_hf_export_equals_the_gathered_weights(runs, tmp_path, monkeypatch):
+    """The export reads the DCP shards one output file at a time and writes the family's HF layout; loading it
+    gives exactly the weights the 2-rank run gathered. In-process with a small shard limit (several files, and
+    no group read larger than the limit), then once through the CLI."""
+    from align.model.checkpoint import CHECKPOINT_KIND, load_checkpoint
+    from align.train import export_hf
+
+    saved = torch.load(runs / "resume.pt", weights_only=True)["full"]
+    step = runs / "full" / "checkpoints" / "step_5"
+    limit = 40_000
+    read = []
+    real = export_hf.read_group
+    monkeypatch.setattr(export_hf, "read_group", lambda c, p, keys: read.append(real(c, p, keys)) or read[-1])
+    out = export_hf.export(step, tmp_path / "hf", max_shard_bytes=limit)
+    sizes = [sum(t.numel() * t.element_size() for t in g.values()) for g in read]
+    biggest = max(t.numel() * t.element_size() for t in saved.values())
+    assert len(read) > 2 and max(sizes) <= max(limit, biggest) < sum(sizes)  # never the whole model at once
+    assert len(list(out.glob("model-*.safetensors"))) == len(read)
+    verify_artifact(out, kind=CHECKPOINT_KIND)  # every file against the manifest's sha256
+    assert_bitwise_equal(saved, load_checkpoint(out).state_dict())
+
+    proc = subprocess.run([sys.executable, "-m", "align.train.export_hf", "--checkpoint", str(step), "--out",
+                           str(tmp_path / "cli")], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert_bitwise_equal(saved, load_checkpoint(tmp_path / "cli").state_dict())
+
+
+def test_export_refuses_an_hf_layout_checkpoint(tmp_path):
+    from align.exceptions import CheckpointError
+    from align.train.export_hf import export
+
+    t = build_sft(tmp_path / "run", max_steps=1, checkpoint_every=0)
+    assert t.fit() == 0
+    with pytest.raises(CheckpointError, match="not a sharded checkpoint"):
+        export(tmp_path / "run" / "checkpoints" / "step_1", tmp_path / "out")
+    assert not (tmp_path / "out").exists()

@@ -87,11 +87,19 @@ def _checkpoint_forward(block: nn.Module) -> None:
 
 def wrap(unit: LossForward, cfg: ParallelConfig) -> nn.Module:
     """Move `unit` to this rank's device and apply the configured strategy. Build the optimizer afterwards: FSDP2
-    replaces parameters with sharded DTensors."""
+    replaces parameters with sharded DTensors. A model on the meta device (fsdp only) is sharded, then each rank
+    allocates its shard; the caller fills it (TrainModule.load_model_state_dict streams full tensors)."""
     strategy = cfg.resolved_strategy(world_size())
     if strategy != "single" and not is_distributed():
         raise ValueError(f"parallel.strategy={strategy!r} needs a process group (launch with torchrun)")
-    unit.to(device())
+    # A model built on the meta device (no rank ever allocates the full model) is sharded first, then each rank
+    # allocates only its shard (to_empty); its weights are uninitialised until the caller streams them in
+    # (TrainModule.load_model_state_dict, a resume).
+    on_meta = any(p.is_meta for p in unit.parameters())
+    if on_meta and strategy != "fsdp":
+        raise ValueError(f"a model built on the meta device needs parallel.strategy = 'fsdp', got {strategy!r}")
+    if not on_meta:
+        unit.to(device())
     # expert-parallel shards differ across ranks: neither averaged (DDP) nor sharded (FSDP2) with the rest
     ignored = expert_shard_params(unit.model)
     if cfg.activation_checkpointing:
@@ -114,6 +122,9 @@ def wrap(unit: LossForward, cfg: ParallelConfig) -> nn.Module:
             fully_shard(block, mp_policy=MixedPrecisionPolicy(**mp), reshard_after_forward=cfg.reshard_after_forward,
                         ignored_params=skip)
         fully_shard(unit, mp_policy=MixedPrecisionPolicy(**mp, cast_forward_inputs=False), ignored_params=skip)
+        if on_meta:
+            unit.to_empty(device=device())
+            unit.model.tie_weights()
     return unit
 
 

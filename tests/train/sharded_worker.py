@@ -5,6 +5,8 @@ Modes:
   resume   an uninterrupted 5-step run (checkpoints at 2, 4, 5), a run that crashes mid-window in step 4 on every
            rank, and its resume in a fresh Trainer; rank 0 saves <out>/resume.pt: both final weight sets and the
            uninterrupted run's gathered optimizer state (what the step_5 checkpoint holds)
+  meta     the model built on the meta device, sharded, then filled shard by shard: equal to the model built
+           whole, before and after 2 steps (<out>/meta.pt)
   plain    the same 5-step run in <out>/plain (resuming if it has checkpoints); rank 0 saves <out>/plain.pt with the
            final weights and the step it resumed from (a SIGKILL during a save comes from ALIGN_FAULTS)
 """
@@ -78,9 +80,33 @@ def mode_plain(out: Path) -> None:
         torch.save({"weights": w, "resumed_from": t.resumed_from.name if t.resumed_from else ""}, out / "plain.pt")
 
 
+def mode_meta(out: Path) -> None:
+    """The model built on the meta device, sharded, then each rank allocates and fills only its shard from the
+    streamed full weights: the same weights, and the same 2 training steps, as the model built whole."""
+    from train_helpers import tiny_model
+
+    ref = tiny_model(0)
+    full_weights = {k: v.clone() for k, v in ref.state_dict().items()}
+    with torch.device("meta"):
+        lazy = type(ref)(ref.config, init=False)
+    built = build_sft(out / "built", accum=ACCUM, strategy="fsdp", loader=rank_loader(), max_steps=2,
+                      checkpoint_every=0, model=ref)
+    t = build_sft(out / "meta", accum=ACCUM, strategy="fsdp", loader=rank_loader(), max_steps=2, checkpoint_every=0,
+                  model=lazy)
+    shards = {n: p.to_local().numel() for n, p in lazy.named_parameters()}
+    t.module.load_model_state_dict(iter(full_weights.items()))  # one full tensor at a time
+    w_loaded = weights(t.module)
+    assert built.fit() == 0 and t.fit() == 0
+    w_built, w_meta = weights(built.module), weights(t.module)
+    if rank() == 0:
+        torch.save({"initial": full_weights, "loaded": w_loaded, "built": w_built, "meta": w_meta,
+                    "shard_numel": shards, "full_numel": sum(p.numel() for p in ref.parameters())}, out / "meta.pt")
+
+
 if __name__ == "__main__":
     init_distributed()
     mode, out = sys.argv[1], Path(sys.argv[2])
     out.mkdir(parents=True, exist_ok=True)
-    globals()[f"mode_{mode}"](out)
+    for one in mode.split(","):  # several modes per launch: a start costs seconds on shared cores
+        globals()[f"mode_{one}"](out)
     exit_process(0)  # no interpreter finalisation of live gloo state (align.utils.dist.exit_process)

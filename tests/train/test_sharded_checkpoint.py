@@ -2,7 +2,8 @@
 the weights and the optimizer state, nothing is gathered on rank 0. Two gloo ranks under FSDP2
 (tests/train/sharded_worker.py): a crash mid-window resumes bitwise equal to an uninterrupted run; the 2-rank
 checkpoint resumes in ONE process with the weights and AdamW moments equal to the gathered ones and training going
-on; a SIGKILL of both ranks during a sharded save leaves the previous checkpoint, which resumes bitwise."""
+on; a SIGKILL during a sharded save leaves the previous checkpoint, which resumes bitwise; the streaming HF export
+equals the gathered weights; a model built on the meta device is sharded before any rank allocates it."""
 
 from __future__ import annotations
 
@@ -60,7 +61,7 @@ def launch(mode: str, out: Path, faults: str = "", timeout: float = 240) -> list
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("sharded")
-    launch("resume", out)
+    launch("resume,meta", out)
     return out
 
 
@@ -152,3 +153,13 @@ def test_export_refuses_an_hf_layout_checkpoint(tmp_path):
     with pytest.raises(CheckpointError, match="not a sharded checkpoint"):
         export(tmp_path / "run" / "checkpoints" / "step_1", tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_meta_device_model_is_sharded_before_it_is_allocated(runs):
+    """No rank builds the full model: built on the meta device, sharded by FSDP2, each rank allocates its half and
+    streams the full weights in one tensor at a time; the weights and two training steps equal the model built
+    whole."""
+    got = torch.load(runs / "meta.pt", weights_only=True)
+    assert_bitwise_equal(got["initial"], got["loaded"])
+    assert_bitwise_equal(got["built"], got["meta"])
+    assert sum(got["shard_numel"].values()) <= 0.55 * got["full_numel"]  # rank 0 allocated about half

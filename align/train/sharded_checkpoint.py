@@ -25,7 +25,8 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from align.exceptions import CheckpointError
+from align.exceptions import CheckpointError, ConfigError
+from align.model.moe_ep import expert_shard_params
 from align.model.config_io import save_hf_config
 from align.train import faults
 from align.train.checkpoint import DCP_METADATA, FORMAT, KIND, MODEL_DIR, RESUME_FILE, state_bytes, step_dir
@@ -38,11 +39,20 @@ DCP_DIR = "dcp"
 FORMATS = ("hf", LAYOUT)  # [train] checkpoint_format
 
 
+def require_supported(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Refuse, before the first step, what DCP would save wrongly: per-rank optimizer state (adamw8bit), and expert
+    shards that are plain tensors differing across ranks under one name (DCP would keep one rank's copy)."""
+    if getattr(optimizer, "local_shard_state", False):
+        raise ConfigError(f"checkpoint_format = 'sharded' needs optimizer state shaped like the parameters; "
+                          f"{type(optimizer).__name__} keeps per-rank state: use checkpoint_format = 'hf'")
+    if expert_shard_params(model):
+        raise ConfigError("checkpoint_format = 'sharded' does not hold expert-parallel shards (plain per-rank "
+                          "tensors under one name): use checkpoint_format = 'hf'")
+
+
 def _states(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
     """{"model", "optim"}: DTensor shards under FSDP2, plain tensors in one process, keyed by parameter name."""
-    if getattr(optimizer, "local_shard_state", False):
-        raise CheckpointError(f"checkpoint_format = 'sharded' needs optimizer state shaped like the parameters; "
-                              f"{type(optimizer).__name__} keeps per-rank state: use checkpoint_format = 'hf'")
+    require_supported(model, optimizer)
     msd, osd = get_state_dict(model, optimizer)
     return {"model": msd, "optim": osd}
 
@@ -51,10 +61,10 @@ def save_sharded(root, step: int, *, model: torch.nn.Module, optimizer: torch.op
                  identity: dict | None, hf_config: dict) -> Path:
     """Collective: every rank writes its shard into the staging directory; rank 0 writes resume.pt, config.json
     and, after a barrier, the manifest, then publishes. `hf_config`: save_hf_config's (cfg, architecture, extra)."""
+    states = _states(model, optimizer)  # refusals come before a staging directory exists
     final = step_dir(root, step)
     staging = Path(broadcast_object(str(staging_dir(final)) if is_rank0() else None))
     faults.at_save("save:begin", step)
-    states = _states(model, optimizer)
     with disk_errors(final, state_bytes(_local(states)) + state_bytes(resume)):
         try:
             dcp.save(states, checkpoint_id=staging / DCP_DIR)

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import torch
 
+from align.exceptions import ConfigError
 from align.exit_codes import NONFINITE_HALT, TRIPWIRE_HALT, WALL_BUDGET, write_halt_marker
 from align.train import checkpoint as ckpt_io
 from align.train import faults
@@ -105,6 +106,11 @@ class Trainer:
     # ------------------------------------------------------------------------------------------------ the loop
     def fit(self) -> int:
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        if self.cfg.checkpoint_format == sharded_io.LAYOUT:
+            if self._weight_format is not None:  # e.g. LoRA's adapters-only steps: the sharded layout has no seam
+                raise ConfigError("checkpoint_format = 'sharded' writes the model's own weights; this run's custom "
+                                  f"weight format ({type(self._weight_format).__name__}) needs 'hf'")
+            sharded_io.require_supported(self.module.model, self.module.optimizer)
         self.resume()
         ckpt_io.check_disk(self.ckpt_root, self.module.model, self.cfg.keep_last)  # refuse now, not at a save
         self.history.truncate_after(self.step)  # a resume replays the steps after its checkpoint

@@ -163,3 +163,12 @@ def test_meta_device_model_is_sharded_before_it_is_allocated(runs):
     assert_bitwise_equal(got["initial"], got["loaded"])
     assert_bitwise_equal(got["built"], got["meta"])
     assert sum(got["shard_numel"].values()) <= 0.55 * got["full_numel"]  # rank 0 allocated about half
+
+
+def test_per_rank_optimizer_state_is_refused_before_the_first_step(tmp_path):
+    from align.exceptions import ConfigError
+
+    t = build_sft(tmp_path, max_steps=2, optimizer="adamw8bit", checkpoint_format="sharded")
+    with pytest.raises(ConfigError, match="adamw8bit|per-rank state"):
+        t.fit()
+    assert t.step == 0 and not (tmp_path / "checkpoints").exists()

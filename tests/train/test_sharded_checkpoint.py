@@ -172,3 +172,18 @@ def test_per_rank_optimizer_state_is_refused_before_the_first_step(tmp_path):
     with pytest.raises(ConfigError, match="adamw8bit|per-rank state"):
         t.fit()
     assert t.step == 0 and not (tmp_path / "checkpoints").exists()
+
+
+def test_train_table_key_and_run_identity():
+    """`[train] checkpoint_format` is read from the config, checked, and operational: switching it keeps the run
+    identity, so the default ("hf") digests are what they were and a run may resume either layout."""
+    from align.config import from_dict
+    from align.exceptions import ConfigError
+    from align.train.identity import OPERATIONAL_KEYS
+    from align.train.trainer import TrainerConfig
+
+    assert from_dict(TrainerConfig, {"max_steps": 3}).checkpoint_format == "hf"
+    assert from_dict(TrainerConfig, {"max_steps": 3, "checkpoint_format": "sharded"}).checkpoint_format == "sharded"
+    with pytest.raises(ConfigError, match="checkpoint_format must be one of"):
+        from_dict(TrainerConfig, {"max_steps": 3, "checkpoint_format": "dcp"})
+    assert "train.checkpoint_format" in OPERATIONAL_KEYS

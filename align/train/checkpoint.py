@@ -175,15 +175,26 @@ def _save_staged(staging: Path, final: Path, step: int, weights, write_weights, 
             torch.save(payload, staging / RESUME_FILE)
         faults.at_save("save:staged", step)
         barrier()  # every rank's file is in staging before the manifest lists them
-        if is_rank0():
-            write_manifest(staging, KIND, extra={"step": step, "world_size": world, "identity": identity})
-            faults.at_save("save:manifest", step)
-            publish_dir(staging, final)
-            faults.at_save("save:published", step)
+        publish_staged(staging, final, step, {"step": step, "world_size": world, "identity": identity})
     except BaseException:
-        if is_rank0():
-            shutil.rmtree(staging, ignore_errors=True)
+        discard_staged(staging)
         raise
+
+
+def publish_staged(staging: Path, final: Path, step: int, extra: dict) -> None:
+    """Every rank calls it after the barrier: rank 0 writes the manifest last and publishes by rename (the save's
+    `save:manifest` / `save:published` fault points), whatever the checkpoint's layout."""
+    if is_rank0():
+        write_manifest(staging, KIND, extra=extra)
+        faults.at_save("save:manifest", step)
+        publish_dir(staging, final)
+        faults.at_save("save:published", step)
+
+
+def discard_staged(staging: Path) -> None:
+    """A failed save leaves nothing: rank 0 removes the staging directory."""
+    if is_rank0():
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def checkpoint_layout(ckpt: Path) -> str:

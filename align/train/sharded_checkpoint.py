@@ -18,7 +18,6 @@ the same world size, so a different one takes rank r % N's)."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import torch
@@ -29,10 +28,10 @@ from align.exceptions import CheckpointError, ConfigError
 from align.model.moe_ep import expert_shard_params
 from align.model.config_io import save_hf_config
 from align.train import faults
-from align.train.checkpoint import DCP_METADATA, FORMAT, KIND, MODEL_DIR, RESUME_FILE, state_bytes, step_dir
+from align.train.checkpoint import (DCP_METADATA, FORMAT, MODEL_DIR, RESUME_FILE, discard_staged, publish_staged,
+                                    state_bytes, step_dir)
 from align.utils.dist import barrier, broadcast_object, is_rank0, rank, world_size
-from align.utils.fsio import disk_errors, publish_dir, sha256_file, staging_dir
-from align.utils.manifest import write_manifest
+from align.utils.fsio import disk_errors, sha256_file, staging_dir
 
 LAYOUT = "sharded"
 DCP_DIR = "dcp"
@@ -75,17 +74,13 @@ def save_sharded(root, step: int, *, model: torch.nn.Module, optimizer: torch.op
                                dtype=hf_config["dtype"], extra=hf_config["extra"])
             faults.at_save("save:staged", step)
             barrier()  # every rank's shard is in staging before the manifest lists them
+            meta = staging / DCP_METADATA  # a dot file: manifests skip it, so it is recorded here
+            extra = {"step": step, "world_size": world_size(), "identity": identity, "layout": LAYOUT}
             if is_rank0():
-                meta = staging / DCP_METADATA  # a dot file: manifests skip it, so it is recorded here
-                write_manifest(staging, KIND, extra={
-                    "step": step, "world_size": world_size(), "identity": identity, "layout": LAYOUT,
-                    "dcp_metadata": {"bytes": meta.stat().st_size, "sha256": sha256_file(meta)}})
-                faults.at_save("save:manifest", step)
-                publish_dir(staging, final)
-                faults.at_save("save:published", step)
+                extra["dcp_metadata"] = {"bytes": meta.stat().st_size, "sha256": sha256_file(meta)}
+            publish_staged(staging, final, step, extra)
         except BaseException:
-            if is_rank0():
-                shutil.rmtree(staging, ignore_errors=True)
+            discard_staged(staging)
             raise
     barrier()  # no rank moves on (or exits) before the checkpoint is published
     return final

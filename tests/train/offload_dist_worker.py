@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 torch.set_num_threads(1)
 
 from align.utils.dist import exit_process, init_distributed, rank, world_size  # noqa: E402
-from train_helpers import ListLoader, build_sft, sft_windows, tiny_model, weights  # noqa: E402
+from train_helpers import ListLoader, build_sft, crash_and_resume, sft_windows, tiny_model, weights  # noqa: E402
 
 ACCUM = 2
 STEPS = 4
@@ -42,10 +42,6 @@ def trainer(run_dir: Path, fault=None):
                      optimizer="offload_adamw", loader=rank_loader(), fault=fault, model=tiny_model(0, vocab_size=VOCAB))
 
 
-class Crash(Exception):
-    pass
-
-
 def main(out: Path) -> None:
     full = trainer(out / "full")
     assert type(full.module.net).__name__ == "FSDPLossForward"
@@ -56,18 +52,8 @@ def main(out: Path) -> None:
     dist.all_gather_object(counts, {"state": sum(s["master"].numel() for s in opt.state.values()),
                                     "local": sum(p.to_local().numel() for p in full.module.model.parameters())})
 
-    def fault(module, batch, info, count=[0]):
-        count[0] += 1
-        if count[0] == ACCUM * 3 + 2:  # step 4's second micro-batch: mid-window, after the step-2 checkpoint
-            raise Crash()
-
-    try:
-        trainer(out / "cut", fault).fit()
-        raise AssertionError("the fault did not fire")
-    except Crash:
-        pass
-    resumed = trainer(out / "cut")
-    assert resumed.fit() == 0 and resumed.resumed_from.name == "step_2", resumed.resumed_from
+    # step 4's second micro-batch: mid-window, after the step-2 checkpoint
+    resumed = crash_and_resume(trainer, out / "cut", at_micro=3 * ACCUM + 2, resumed_from="step_2")
     w_resumed = weights(resumed.module)
     if rank() == 0:
         torch.save({"full": w_full, "resumed": w_resumed, "counts": counts}, out / "ranks.pt")

@@ -24,7 +24,7 @@ torch.set_num_threads(1)
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict  # noqa: E402
 
 from align.utils.dist import exit_process, init_distributed, rank, world_size  # noqa: E402
-from train_helpers import ListLoader, build_sft, sft_windows, weights  # noqa: E402
+from train_helpers import ListLoader, build_sft, crash_and_resume, sft_windows, weights  # noqa: E402
 
 ACCUM = 2
 
@@ -46,27 +46,13 @@ def full_optimizer_state(module) -> dict:
     return dict(osd.get("state", {}))
 
 
-class Crash(Exception):
-    pass
-
-
 def mode_resume(out: Path) -> None:
     full = trainer(out / "full")
     assert full.fit() == 0
     w_full, opt_full = weights(full.module), full_optimizer_state(full.module)
 
-    def fault(module, batch, info, count=[0]):
-        count[0] += 1
-        if count[0] == 3 * ACCUM + 2:  # step 4's second micro-batch: mid-window, after the step-2 checkpoint
-            raise Crash()
-
-    try:
-        trainer(out / "cut", fault=fault).fit()
-        raise AssertionError("the fault did not fire")
-    except Crash:
-        pass
-    resumed = trainer(out / "cut")
-    assert resumed.fit() == 0 and resumed.resumed_from.name == "step_2", resumed.resumed_from
+    # step 4's second micro-batch: mid-window, after the step-2 checkpoint
+    resumed = crash_and_resume(trainer, out / "cut", at_micro=3 * ACCUM + 2, resumed_from="step_2")
     w_resumed = weights(resumed.module)
     if rank() == 0:
         torch.save({"full": w_full, "resumed": w_resumed, "optimizer": opt_full}, out / "resume.pt")

@@ -116,3 +116,26 @@ def assert_bitwise_equal(a: dict, b: dict) -> None:
     assert a.keys() == b.keys()
     different = [k for k in a if not torch.equal(a[k], b[k])]
     assert not different, f"{len(different)} tensors differ, e.g. {different[:3]}"
+
+
+class Crash(Exception):
+    """The failure `crash_and_resume` injects."""
+
+
+def crash_and_resume(make_trainer, run_dir, at_micro: int, resumed_from: str):
+    """Fit `make_trainer(run_dir, fault=...)` until its `at_micro`-th micro-batch raises, then fit a fresh trainer on
+    the same run dir: it must resume from `resumed_from` and finish. Returns the resumed trainer."""
+
+    def fault(module, batch, info, count=[0]):
+        count[0] += 1
+        if count[0] == at_micro:
+            raise Crash()
+
+    try:
+        make_trainer(run_dir, fault=fault).fit()
+        raise AssertionError("the fault did not fire")
+    except Crash:
+        pass
+    resumed = make_trainer(run_dir)
+    assert resumed.fit() == 0 and resumed.resumed_from.name == resumed_from, resumed.resumed_from
+    return resumed

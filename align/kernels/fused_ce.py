@@ -11,7 +11,7 @@ align.kernels.ce_rows: each row read three times while it sits in L2, the logits
 Triton on a GPU (`"triton"`, or "auto" once its gate passed there: align.kernels.triton_ce, align.kernels.select) or
 as torch ops (`"torch"`, and on GPUs without a passed Triton gate). On an AMD EPYC (one thread) the C rows took
 13.5 ms for a 430 x 32768 chunk against 52 ms for torch's log_softmax + exp_ + bmm, whose exp runs at ~1 GB/s there
-(docs/MEASUREMENTS.md, ladder, session 9); the three GEMMs are then ~85% of the head.
+(docs/MEASUREMENTS.md, ladder, 2026-12-04); the three GEMMs are then ~85% of the head.
 
 The gradient is computed during forward (the Liger approach): forward + backward cost three GEMMs, the same as the
 unfused head, instead of four for recomputation in backward. Backward only scales the stored gradients by the

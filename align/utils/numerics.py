@@ -11,6 +11,7 @@ mask or the load at start). Stdlib only; torch is read from sys.modules when the
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import sys
@@ -23,6 +24,7 @@ NUMERICS_ENV = ("MKL_DYNAMIC", "OMP_DYNAMIC", "OMP_NUM_THREADS", "MKL_NUM_THREAD
                 "ALIGN_NATIVE_MARCH")
 
 
+@functools.cache  # the CPU does not change under a process; every manifest write asks
 def cpu_model() -> str:
     try:
         with open("/proc/cpuinfo") as f:

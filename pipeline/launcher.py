@@ -17,6 +17,7 @@ from __future__ import annotations
 import codecs
 import os
 import re
+import resource
 import sys
 import time
 from dataclasses import dataclass
@@ -149,7 +150,7 @@ def execute(launch: Launch) -> TaskFailed | None:
                                 command=f"align {launch.task} (profile {launch.profile}) pid {os.getpid()}")
             lock.acquire()
             preflight(launch.common.preflight, launch.run_dir)
-        t0 = time.monotonic()
+        t0, cpu0 = time.monotonic(), children_cpu_s()
         result = _run_worker(launch, lock)
     except ExitCodeError as exc:
         return _fail(exc.exit_code, f"{launch.task}: {exc}")
@@ -159,7 +160,7 @@ def execute(launch: Launch) -> TaskFailed | None:
         if lock is not None:
             lock.release()
     if result.signalled and result.exit_code == 0:
-        return _finished_then_interrupted(launch, t0)
+        return _finished_then_interrupted(launch, t0, cpu0)
     if result.signalled:
         # Ctrl-C / SIGTERM reached doit (and, forwarded, the worker, which stopped cleanly): stop the whole run the
         # way doit stops on Ctrl-C (it saves its database and runs nothing else), exiting with the worker's code.
@@ -172,13 +173,20 @@ def execute(launch: Launch) -> TaskFailed | None:
         said = result.last_line.removeprefix("align: ")
         return _fail(result.exit_code, f"{launch.task}: worker exited {result.exit_code}: {said} "
                                        f"[{result.reason}; log {relative_to_root(launch.log, launch.root)}]")
-    return _receipt(launch, t0)
+    return _receipt(launch, t0, cpu0)
 
 
-def _finished_then_interrupted(launch: Launch, t0: float) -> TaskFailed | None:
+def children_cpu_s() -> float:
+    """User + system CPU seconds of every reaped descendant of this process (the supervisor waits for the worker,
+    torchrun for its ranks): the difference across one task is what its worker spent, on every core."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _finished_then_interrupted(launch: Launch, t0: float, cpu0: float) -> TaskFailed | None:
     """The interrupt came as the worker was publishing: its outputs are complete, so the task gets its receipt;
     then doit stops as for any interrupt (exit 130), running nothing else."""
-    failed = _receipt(launch, t0)
+    failed = _receipt(launch, t0, cpu0)
     if failed is not None:
         return failed
     exitcode.record(exitcode.INTERRUPTED)
@@ -188,7 +196,7 @@ def _finished_then_interrupted(launch: Launch, t0: float) -> TaskFailed | None:
     raise KeyboardInterrupt(f"{launch.task}: interrupted after it finished")
 
 
-def _receipt(launch: Launch, t0: float) -> TaskFailed | None:
+def _receipt(launch: Launch, t0: float, cpu0: float) -> TaskFailed | None:
     missing = [str(p) for p in launch.targets if not p.is_file()]
     if missing:
         return _fail(1, f"{launch.task}: worker exited 0 but did not publish {', '.join(missing)}")
@@ -199,7 +207,10 @@ def _receipt(launch: Launch, t0: float) -> TaskFailed | None:
                       inputs=launch.file_dep, outputs=launch.targets, code_digest=launch.code_digest,
                       config_digest=sha256_bytes(launch.config.encode()), config=_resolved_config(launch),
                       metrics=read_metrics(launch.run_dir), wall_s=time.monotonic() - t0,
-                      extra={"argv": list(launch.argv[1:]), "numerics": numerics_env()})
+                      extra={"argv": list(launch.argv[1:]), "numerics": numerics_env(),
+                             # the worker's CPU seconds (every attempt, every rank on this node): compute spent,
+                             # which a no-RL control matches against the RL rung (bench/norl_control.py)
+                             "cpu_s": round(children_cpu_s() - cpu0, 2)})
     except DiskFullError as exc:  # no receipt: doit records nothing as done and reruns the task next time
         return _fail(exc.exit_code, f"{launch.task}: receipt not written: {exc}")
     return None

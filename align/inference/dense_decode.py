@@ -1,4 +1,4 @@
-"""The dense (SwiGLU) block of the engine's decode step (`DenseMlp`, align.inference.fused_layers' "mistral" entry)."""
+"""The dense (SwiGLU) block of the engine's decode step (`DenseMlp`, align.inference.fused_layers' "dense" entry)."""
 
 from __future__ import annotations
 

@@ -72,9 +72,14 @@ def _biases(layer) -> tuple[torch.Tensor, ...]:
     return tuple(p.bias for p in (a.q_proj, a.k_proj, a.v_proj) if p.bias is not None)
 
 
-# Per family (align.model.family): what the decode step runs after attention. What runs before RoPE (biases, a
-# QK-norm) is read from the attention module itself (`qk_norm`, the projections' biases), not from the family.
-DECODE_BLOCKS = {"mistral": DenseMlp, "olmoe": SparseMlp, "llama": DenseMlp, "qwen2": DenseMlp, "qwen3": DenseMlp}
+# Per MLP kind (align.model.family's `Family.mlp`): what the decode step runs after attention. What runs before RoPE
+# (biases, a QK-norm) is read from the attention module itself (`qk_norm`, the projections' biases), not the family.
+DECODE_BLOCKS = {"dense": DenseMlp, "sparse": SparseMlp}
+
+
+def decode_block(model: torch.nn.Module):
+    """The decode block of the model's family, by the family's MLP kind (every one of `MLP_KINDS` has one)."""
+    return DECODE_BLOCKS[family_of_model(model).mlp]
 
 
 def _stamp(tensors) -> tuple:
@@ -84,7 +89,7 @@ def _stamp(tensors) -> tuple:
 class FusedDecoder:
     def __init__(self, model: torch.nn.Module, kernel: str = "auto"):
         self.kernel = resolve_linear_kernel(kernel, model.lm_head.weight)  # "torch" or "onednn"
-        self.block = DECODE_BLOCKS[family_of_model(model).name]
+        self.block = decode_block(model)
         self.layers = model.model.layers
         self.lm_head = model.lm_head
         cfg = model.config

@@ -25,6 +25,7 @@ from align.model.olmoe import ExpertLayout, OlmoeForCausalLM, olmoe_from_layout
 from align.model.olmoe_checkpoint import OLMOE_SPEC, fuse_hub_pairs, hub_targets, to_hub_layout
 
 StateDict = dict[str, torch.Tensor]
+MLP_KINDS = ("dense", "sparse")  # `Family.mlp`: what follows attention in a decoder layer
 Pairs = Iterable[tuple[str, torch.Tensor]]
 
 
@@ -45,6 +46,13 @@ class Family:
     file_targets: Callable[[StateDict], StateDict]  # model parameters -> {file key: tensor to fill}
     from_file: Callable[[Pairs, object], Iterator[tuple[str, torch.Tensor]]]  # (file pairs, config) -> model layout
     vendored_tokenizer: bool  # may fall back to the vendored Mistral v0.3 tokenizer when a snapshot has none
+    # the block after attention: "dense" (SwiGLU MLP) | "sparse" (routed experts); the engine's decode step picks
+    # its block by this (align.inference.fused_layers), so a new dense family registers here and nowhere else
+    mlp: str = "dense"
+
+    def __post_init__(self):
+        if self.mlp not in MLP_KINDS:
+            raise ValueError(f"family {self.name!r}: mlp is {self.mlp!r}; one of {MLP_KINDS}")
 
     @property
     def causal_lm(self) -> type:
@@ -80,7 +88,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
            _same, _same, _pairs_unchanged, vendored_tokenizer=False),
     # OLMoE ships its own 50304-token tokenizer: a checkpoint without tokenizer.json has no tokenizer
     Family("olmoe", OLMOE_SPEC, (OlmoeForCausalLM,), to_hub_layout, hub_targets, fuse_hub_pairs,
-           vendored_tokenizer=False),
+           vendored_tokenizer=False, mlp="sparse"),
 )}
 
 

@@ -7,9 +7,13 @@ the policy's turns through a RolloutClient and appends the environment's observa
                                             stop token); observation: text appended after it ("" for none)
     env.reward(completion) -> float         the episode's reward, from the whole completion (observations included)
 
-`run_episode` samples a segment (stop at EOS or at a newline token: a tool call is one line), hands it to the
-environment, encodes the observation and appends it, and samples again from prompt + everything so far, until EOS,
-`done`, `max_turns` observations or `max_tokens` completion tokens (policy + observation). Each segment is its own
+`run_episode` samples a segment, hands it to the environment, encodes the observation and appends it, and samples
+again from prompt + everything so far, until the policy is done, `done`, `max_turns` observations or `max_tokens`
+completion tokens (policy + observation). Two ways an observation enters (align.rl.env_chat, `[environment]
+observation`): as a tool-result turn of the chat template (`tool_turns` given: a segment is the policy's whole turn,
+up to its end-of-turn token (EOS); a turn the environment answers is followed by the template's tool turn and the
+next assistant header, one with no answer ends the episode), or inline (a segment ends at EOS, which ends the
+episode, or at a newline token: a tool call is one line; the observation's plain tokens follow it). Each segment is its own
 request with a seed derived from (episode seed, segment), so an episode is a pure function of the weights. The
 result marks every token: 1 for the policy's own (they train), 0 for the environment's (never trained: the policy did
 not choose them; their log-probs are 0). The engine's prefix cache (EngineConfig) serves the repeated prefix of each
@@ -21,10 +25,8 @@ the reward is the verifier's verdict of the completion against the row's gold.
 
 GRPO drives it with `[environment]` (align.rl.stage_config.EnvironmentConfig; align.rl.batch_source
 `_generate_episodes`: G episodes per prompt, all advanced together, rewarded by the [reward] terms on the whole
-completion). What this is not yet: the observation is plain text inside the assistant's reply (the Mistral template
-has no tool role; a family whose template has one would wrap it there), the policy's statistics (entropy, ratio)
-still average over the observation tokens (only the loss excludes them), each continuation is a new request (the
-prefix cache, not a kept sequence, spares the recompute), and no rung trains a policy to call the calculator."""
+completion). What this is not yet: each continuation is a new request (the prefix cache, not a kept sequence,
+spares the recompute), and no rung trains a policy to call the calculator."""
 
 from __future__ import annotations
 
@@ -40,6 +42,7 @@ from align.eval.verifier import score
 from align.inference.config import SamplingParams
 from align.inference.sequence import derive_seed
 from align.rollout.protocol import RolloutClient, RolloutRequest
+from align.rl.env_chat import tool_turns_for
 from align.rl.ppo.process_rewards import newline_token_ids
 
 CALL = re.compile(r"<calc>(.*?)</calc>", re.DOTALL)
@@ -152,9 +155,11 @@ EpisodeRunner = Callable[[list["EpisodeStart"]], list["Episode"]]  # what GRPO's
 
 def run_episodes(client: RolloutClient, starts: list[EpisodeStart], make_env: Callable[[], Environment], *,
                  encode: Callable[[str], list[int]], decode: Callable[[list[int]], str], eos_id: int,
-                 newline_ids: tuple[int, ...], temperature: float, max_tokens: int, max_turns: int) -> list[Episode]:
+                 newline_ids: tuple[int, ...], temperature: float, max_tokens: int, max_turns: int,
+                 tool_turns: Callable[[str], list[int]] | None = None) -> list[Episode]:
     """Many episodes advanced together: every round submits one segment request per episode still running, so the
-    engine batches them (module doc)."""
+    engine batches them (module doc). `tool_turns`: an observation's tool-result turn ids (align.rl.env_chat); None:
+    observations inline, encoded by `encode`."""
     envs = [make_env() for _ in starts]
     for env, start in zip(envs, starts):
         env.reset(start.prompt, start.meta)
@@ -163,38 +168,41 @@ def run_episodes(client: RolloutClient, starts: list[EpisodeStart], make_env: Ca
     logp = [[] for _ in starts]
     turns, segments, versions = [0] * len(starts), [0] * len(starts), [-1] * len(starts)
     finish: list[str | None] = [None] * len(starts)
+    stops = (eos_id,) if tool_turns is not None else (eos_id, *newline_ids)  # a tool turn follows a whole turn
     while True:
         live = [i for i in range(len(starts)) if finish[i] is None]
         if not live:
             break
         requests = [RolloutRequest(tuple(starts[i].prompt_ids) + tuple(ids[i]), 1,
                                    SamplingParams(temperature=temperature, max_new_tokens=max_tokens - len(ids[i]),
-                                                  stop_token_ids=(eos_id, *newline_ids)),
+                                                  stop_token_ids=stops),
                                    seed=derive_seed(starts[i].seed, segments[i]), request_id=i) for i in live]
         for res in client.collect(client.submit(requests)).results:
             i = res.request_id
             segments[i] += 1
             versions[i] = res.weight_version
-            finish[i] = _advance(res, envs[i], ids[i], mask[i], logp[i], turns, i, encode, decode, eos_id,
-                                 max_tokens, max_turns)
+            finish[i] = _advance(res, envs[i], ids[i], mask[i], logp[i], turns, i, tool_turns or encode, decode,
+                                 eos_id, max_tokens, max_turns, tool_turns is not None)
     return [Episode(tuple(ids[i]), tuple(mask[i]), tuple(logp[i]), finish[i], turns[i], envs[i].reward(decode(ids[i])),
                     versions[i]) for i in range(len(starts))]
 
 
 def _advance(res, env: Environment, ids: list, mask: list, logp: list, turns: list, i: int, encode, decode,
-             eos_id: int, max_tokens: int, max_turns: int) -> str | None:
-    """One sampled segment into episode i; its finish reason, or None while it goes on."""
+             eos_id: int, max_tokens: int, max_turns: int, turn_ends_at_eos: bool) -> str | None:
+    """One sampled segment into episode i; its finish reason, or None while it goes on. `encode`: an observation's
+    ids (its tool turn, or its plain tokens); `turn_ends_at_eos`: EOS closes the policy's turn, not the episode."""
     if res.finish_reason == "error":
         return "error"
     ids += res.completion_ids
     mask += [1.0] * len(res.completion_ids)
     logp += res.logprobs
-    if res.completion_ids and res.completion_ids[-1] == eos_id:
+    ended = bool(res.completion_ids) and res.completion_ids[-1] == eos_id
+    if ended and not turn_ends_at_eos:
         return "stop"
-    if res.finish_reason == "length" or len(ids) >= max_tokens:
+    if (res.finish_reason == "length" and not ended) or len(ids) >= max_tokens:
         return "length"
     step = env.step(decode(list(res.completion_ids)))
-    if step.done:
+    if step.done or (ended and not step.observation):
         return "stop"
     if step.observation:
         if turns[i] >= max_turns:
@@ -211,12 +219,12 @@ def _advance(res, env: Environment, ids: list, mask: list, logp: list, turns: li
 
 def run_episode(client: RolloutClient, prompt_ids: tuple[int, ...], env: Environment, *, prompt: str, meta: dict,
                 encode: Callable[[str], list[int]], decode: Callable[[list[int]], str], eos_id: int,
-                newline_ids: tuple[int, ...], temperature: float, max_tokens: int, max_turns: int, seed: int
-                ) -> Episode:
+                newline_ids: tuple[int, ...], temperature: float, max_tokens: int, max_turns: int, seed: int,
+                tool_turns: Callable[[str], list[int]] | None = None) -> Episode:
     """One episode (module doc)."""
     return run_episodes(client, [EpisodeStart(tuple(prompt_ids), prompt, meta, seed)], lambda: env, encode=encode,
                         decode=decode, eos_id=eos_id, newline_ids=newline_ids, temperature=temperature,
-                        max_tokens=max_tokens, max_turns=max_turns)[0]
+                        max_tokens=max_tokens, max_turns=max_turns, tool_turns=tool_turns)[0]
 
 
 ENVIRONMENTS: dict[str, Callable[[], Environment]] = {"calculator": CalculatorEnv}
@@ -224,11 +232,13 @@ ENVIRONMENTS: dict[str, Callable[[], Environment]] = {"calculator": CalculatorEn
 
 def episode_runner(cfg, client: RolloutClient, tok, shape) -> EpisodeRunner | None:
     """The batch source's runner for `[environment]` (align.rl.stage_config.EnvironmentConfig), None without one:
-    segments end at EOS or a newline token of the tokenizer; observations are encoded without special tokens."""
+    observations as tool-result turns of the tokenizer's chat template (`observation`, align.rl.env_chat), else
+    inline: segments end at EOS or a newline token of the tokenizer, observations encoded without special tokens."""
     if cfg is None:
         return None
     newline = tuple(int(i) for i in newline_token_ids(tok).nonzero().flatten().tolist())
     return partial(run_episodes, client, make_env=ENVIRONMENTS[cfg.name], encode=lambda text: tok.encode(text),
                    decode=lambda ids: tok.decode(ids, skip_special_tokens=True), eos_id=tok.eos_id,
                    newline_ids=newline, temperature=shape.temperature,
-                   max_tokens=cfg.max_tokens or shape.max_new_tokens, max_turns=cfg.max_turns)
+                   max_tokens=cfg.max_tokens or shape.max_new_tokens, max_turns=cfg.max_turns,
+                   tool_turns=tool_turns_for(tok, cfg.observation))

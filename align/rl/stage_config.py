@@ -101,6 +101,12 @@ class EnvironmentConfig:
     name: Literal["calculator"] = "calculator"
     max_turns: int = 4  # observations per episode
     max_tokens: int = 0  # completion tokens per episode, the policy's and the observations'; 0: shape.max_new_tokens
+    # How an observation enters the conversation (align.rl.env_chat): "tool_turn" = a tool-result turn of the
+    # tokenizer's chat template after the policy's end-of-turn token (Qwen 2.5 / 3, Llama 3.x templates; refused for
+    # a format without a tool role); "inline" = plain tokens inside the assistant's reply after a line holding the
+    # call (the only way for Mistral v0.3's [INST] format, which has no tool role); "auto" = "tool_turn" where the
+    # template renders one, else "inline"
+    observation: Literal["auto", "tool_turn", "inline"] = "auto"
 
     def __post_init__(self):
         if self.max_turns < 0 or self.max_tokens < 0:

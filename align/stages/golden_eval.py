@@ -11,7 +11,8 @@ unbiased, from n samples per problem at [sampled].temperature, seeded per row an
 
 Publishes `<run_dir>/out/` (samples.jsonl: every judged response; golden.json: the golden decode; manifest last)
 and `<run_dir>/metrics.json`, which the receipt carries: accuracy, pass_at_k, the golden verdict, the checkpoint's
-content hash, the eval set's hash. A golden mismatch is recorded, not raised: `doit smoke` fails on it.
+content hash, the eval set's hash, and the outcome verdict (align.eval.outcome: the accuracy against the band
+`[outcome.<rung>]` records for the profile). A golden mismatch is recorded, not raised: `doit smoke` fails on it.
 `<runs>` is $ALIGN_RUNS_DIR under the pipeline, else runs/tiny; anchors are relative to $ALIGN_ROOT (else .)."""
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from align.data.store import ShardSet
 from align.eval.golden import GOLDEN_FILE, GoldenConfig, compare, golden_record, host_label, read_anchor
 from align.eval.harness import GreedyConfig, SampledConfig, decode, judge, load_problems
 from align.eval.metrics import greedy_metrics, sampled_metrics
+from align.eval.outcome import OutcomeBand, check_rungs, describe, verdict
 from align.model.roundtrip import RoundtripError, roundtrip
 from align.exceptions import ConfigError
 from align.exit_codes import exit_stage
@@ -63,6 +65,10 @@ class GoldenEvalStageConfig(CommonConfig):
     greedy: GreedyConfig = field(default_factory=GreedyConfig)
     sampled: SampledConfig = field(default_factory=SampledConfig)
     golden: GoldenConfig = field(default_factory=GoldenConfig)
+    outcome: dict[str, OutcomeBand] = field(default_factory=dict)  # rung -> recorded band (align.eval.outcome)
+
+    def __post_init__(self):
+        check_rungs(self.outcome, list(self.checkpoints))
 
 
 def checkpoint_dir(cfg: GoldenEvalStageConfig, runs: Path) -> Path:
@@ -135,7 +141,7 @@ def summary(metrics: dict) -> str:
     golden = metrics["golden"]
     line = (f"golden_eval:{metrics['stage']}: accuracy {metrics['accuracy']:.3f} on {metrics['examples']} ({k}); "
             f"format {metrics['format_rate']:.2f}, truncated {metrics['truncation_rate']:.2f}; "
-            f"golden {golden['status']}")
+            f"golden {golden['status']}; {describe(metrics['outcome'], metrics['stage'])}")
     if golden.get("first_diff"):
         line += (f"\ngolden: {golden['differing']} of {golden['prompts']} differ; first, "
                  f"{golden['first_diff']['id']}:\n{golden['first_diff']['diff']}")
@@ -158,7 +164,8 @@ def main() -> int:
     problems = load_problems(shards, 0 if 0 in limits else max(limits))
     golden, golden_section = golden_pass(cfg, model, tok, problems, identity["content_hash"], root)
     passes, records, rate = judged_passes(cfg, model, tok, problems)
-    metrics = {"stage": cfg.stage, **passes, "golden": golden_section,
+    outcome = verdict(cfg.outcome.get(cfg.stage), passes["accuracy"], passes["accuracy_by_group"])
+    metrics = {"stage": cfg.stage, **passes, "golden": golden_section, "outcome": outcome,
                "checkpoint_content_hash": identity["content_hash"], "num_parameters": identity["num_parameters"],
                "roundtrip": rt, "decode_tokens_per_s": round(rate, 1),
                "eval_wall_s": round(time.perf_counter() - t0, 2)}

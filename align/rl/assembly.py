@@ -39,11 +39,13 @@ def assemble(groups: Sequence[Group], advantages: torch.Tensor,
     mask = _pad_rows([[1.0] * len(c) for c in comps], c_width, torch.float32)
     cut = torch.tensor([float(s.reward.truncated) for s in samples])
     loss_mask = mask * (1.0 - cut)[:, None] if truncated == "mask" else mask.clone()
+    extra = {}
     if any(s.policy_mask is not None for s in samples):  # an environment's observation tokens never train
         own = [s.policy_mask if s.policy_mask is not None else [1.0] * len(s.completion_ids) for s in samples]
-        loss_mask = loss_mask * _pad_rows(own, c_width, torch.float32)
+        extra["policy_mask"] = _pad_rows(own, c_width, torch.float32)
+        loss_mask = loss_mask * extra["policy_mask"]
     roll = _pad_rows([s.rollout_logprobs for s in samples], c_width, torch.float32)
-    return {
+    return {**extra,
         "input_ids": _pad_rows(full, max(len(f) for f in full), torch.int64),
         "completion_start": torch.tensor([len(s.prompt_ids) for s in samples], dtype=torch.int64),
         "completion_ids": _pad_rows(comps, c_width, torch.int64),

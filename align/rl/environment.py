@@ -16,7 +16,8 @@ next assistant header, one with no answer ends the episode), or inline (a segmen
 episode, or at a newline token: a tool call is one line; the observation's plain tokens follow it). Each segment is its own
 request with a seed derived from (episode seed, segment), so an episode is a pure function of the weights. The
 result marks every token: 1 for the policy's own (they train), 0 for the environment's (never trained: the policy did
-not choose them; their log-probs are 0). The engine's prefix cache (EngineConfig) serves the repeated prefix of each
+not choose them; their log-probs are 0; the batch's `policy_mask` keeps them out of the per-token statistics,
+entropy and rho, too). The engine's prefix cache (EngineConfig) serves the repeated prefix of each
 continuation instead of recomputing it.
 
 `CalculatorEnv`: a line holding `<calc>EXPR</calc>` is answered with `<result>VALUE</result>` (integer and decimal

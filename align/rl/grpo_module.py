@@ -83,6 +83,14 @@ def rollout_metrics(sums: dict[str, float]) -> dict[str, float]:
     return out
 
 
+def policy_tokens(batch: dict) -> torch.Tensor:
+    """(N, C) 1 on the tokens the policy sampled: the completion without an environment's observation tokens
+    (`policy_mask`, multi-turn only), which the policy did not choose and the sampler gave log-prob 0; the per-token
+    statistics (entropy, rho) average over these."""
+    comp = batch["completion_mask"]
+    return comp * batch["policy_mask"] if "policy_mask" in batch else comp
+
+
 def row_counts(rows: dict) -> dict[str, torch.Tensor]:
     """Per-row sums of a rollout batch that need no forward (GRPO's and PPO's statistics): sequences, loss /
     completion / input tokens, reward, correct and truncated rows."""
@@ -181,7 +189,7 @@ class GrpoTrainModule(TrainModule):
 
     @torch.no_grad()
     def _statistics(self, batch: dict, entropy: torch.Tensor, terms, total: torch.Tensor) -> dict:
-        mask, comp = batch["loss_mask"], batch["completion_mask"]
+        mask, comp = batch["loss_mask"], policy_tokens(batch)  # comp: without an environment's tokens
         ratio = terms.ratio.expand_as(mask)
         low, high = (x.expand_as(mask).float() for x in clip_fractions(terms.ratio, token_advantages(batch),
                                                                           self.loss_cfg))

@@ -6,6 +6,8 @@ A GRPO micro-batch is a dict of CPU tensors (docs/CONTRACTS.md "Data" style), N 
     completion_ids    (N, C) int64   the sampled tokens, right-padded with 0
     completion_mask   (N, C) float32 1 on sampled tokens (statistics: entropy, ratio, lengths)
     loss_mask         (N, C) float32 completion_mask, zeroed where the loss must not look (a masked truncation)
+    policy_mask       (N, C) float32 (multi-turn only) 1 on the policy's own tokens, 0 on an environment's observation
+                                     tokens and padding: the per-token statistics (entropy, rho) cover only these
     rollout_logprobs  (N, C) float32 the sampler's log-probs (behaviour policy, at the sampling temperature)
     old_logprobs      (N, C) float32 the training model's log-probs at the rollout's weights (== rollout_logprobs
                                      when the stage does not recompute them; unused when old_from_forward)
@@ -27,7 +29,7 @@ from dataclasses import dataclass
 from align.rl.rewards import SampleReward
 
 TOKEN_KEYS = ("completion_ids", "completion_mask", "loss_mask", "rollout_logprobs", "old_logprobs", "ref_logprobs",
-              "old_values", "returns", "token_advantages", "step_advantages")  # old_values .. token_advantages:
+              "old_values", "returns", "token_advantages", "step_advantages", "policy_mask")  # old_values .. token_advantages:
 # PPO's per-token critic terms (align.rl.ppo.batch_source: the critic's values at the rollout, GAE's returns and
 # advantages, (N, C) float32); step_advantages: GRPO's step credit (align.rl.step_credit), added to `advantages`
 ROW_KEYS = ("completion_start", "advantages", "rewards", "correct", "truncated", "weight_version", "prompt_row")

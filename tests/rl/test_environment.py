@@ -168,3 +168,41 @@ def test_grpo_batch_source_drives_episodes_and_masks_observations():
     stats = window[0]["stats"]
     assert stats["rollout/env_turns"] >= stats["rollout/env_samples_with_turns"] > 0
     assert rollout_metrics(stats)["rollout/tool_call_rate"] == stats["rollout/env_samples_with_turns"] / 16
+
+
+def test_statistics_leave_out_observation_tokens():
+    """`entropy`, `ratio_mean` and `rho_*` average over the policy's own tokens only (a real tiny policy's forward):
+    an observation token was not sampled by the policy and its rollout log-prob is 0. Mutation check: without the
+    batch's `policy_mask` (the statistics over every completion token) entropy and rho come out different."""
+    from align.rl.token_logprobs import completion_logprobs
+
+    ids, mask = [20, 21, 7, 8, 9, 22, 23, EOS], [1, 1, 0, 0, 0, 1, 1, 1]
+    logp = [-1.0, -1.2, 0.0, 0.0, 0.0, -0.8, -2.0, -0.5]
+    group = Group(0, (sample(ids, mask, logp, 1.0), sample(ids[:2] + [EOS], None, [-1.0, -1.2, -0.4], 0.0)))
+    batch = assemble([group], torch.tensor([[1.0, -1.0]]), "keep")
+    model = tiny_model(3)
+    module = make_module(model, make_client(model))
+    scored, entropy = completion_logprobs(model, batch, 1.0, 1024)
+    batch["old_logprobs"] = scored.detach()  # pi_old = this policy: rho = exp(old - rollout) away from 1
+    own = batch["completion_mask"] * batch["policy_mask"]
+    assert own[0].tolist() == mask and own[1].tolist() == [1.0] * 3 + [0.0] * 5
+
+    def metrics(b):
+        out = module.loss(module.model, b)
+        return module.log_metrics({k: float(v) for k, v in out.sums.items()})
+
+    got = metrics(batch)
+    want_entropy = float((entropy * own).sum() / own.sum())
+    want_rho = float(((batch["old_logprobs"] - batch["rollout_logprobs"]).abs() * own).sum() / own.sum())
+    ratio = torch.exp(scored.detach() - batch["old_logprobs"])
+    want_ratio = float((ratio * batch["loss_mask"]).sum() / batch["loss_mask"].sum())
+    assert got["entropy"] == pytest.approx(want_entropy, rel=1e-5)
+    assert got["rho_abs_log_mean"] == pytest.approx(want_rho, rel=1e-5)
+    assert got["ratio_mean"] == pytest.approx(want_ratio, rel=1e-5)
+    assert got["rho_capped_frac"] == pytest.approx(float(((batch["old_logprobs"] - batch["rollout_logprobs"]).exp()
+                                                          > 2.0).float().mul(own).sum() / own.sum()))
+    unmasked = metrics({k: v for k, v in batch.items() if k != "policy_mask"})
+    comp = batch["completion_mask"]  # the statistics over every completion token, observations included
+    assert unmasked["entropy"] == pytest.approx(float((entropy * comp).sum() / comp.sum()), rel=1e-5)
+    assert unmasked["entropy"] != pytest.approx(want_entropy, rel=1e-6)  # a random policy: near-uniform entropy
+    assert unmasked["rho_abs_log_mean"] != pytest.approx(want_rho, rel=1e-2)

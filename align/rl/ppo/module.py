@@ -71,7 +71,7 @@ from align.rl.ppo.loss import PpoLossConfig, policy_per_token, policy_rows, valu
 from align.rl.ppo.stage_config import PpoConfig
 from align.rl.assembly import check_layout, select_rows
 from align.rl.grpo_loss import GrpoLossConfig, k3_kl
-from align.rl.grpo_module import GrpoTrainModule, rollout_metrics, row_counts
+from align.rl.grpo_module import GrpoTrainModule, policy_tokens, rollout_metrics, row_counts
 from align.rl.token_logprobs import completion_rows, head_inputs, tempered_token_logprobs, unflatten
 from align.rl.tripwires import GrpoHealth
 from align.train.grad_norm import clip_grads_, global_grad_norm
@@ -145,7 +145,7 @@ class PpoTrainModule(GrpoTrainModule):
         return full.index_put((rows[:, None], cols[None, :]), per_token), sums
 
     def _policy_terms_of(self, model: nn.Module, batch: dict) -> tuple[torch.Tensor, dict]:
-        cfg, mask, comp = self.ppo_loss, batch["loss_mask"], batch["completion_mask"]
+        cfg, mask, comp = self.ppo_loss, batch["loss_mask"], policy_tokens(batch)  # no environment tokens
         hidden, targets, real = completion_rows(model, batch)
         hidden, weight = head_inputs(hidden, model.lm_head.weight, self.head_dtype)
         logp_flat, ent_flat = tempered_token_logprobs(hidden, weight, targets, self.temperature, cfg.chunk_size,

@@ -33,8 +33,7 @@ def install(namespace: dict, project: Project | None = None, stages: Sequence[St
     tasks = list(ladder_tasks(project, profile, stages))
     blocked = blocked_tasks(tasks)
     runnable = [t for t in tasks if "actions" in t and task_name(t) not in blocked]
-    extra = {spec.name for spec in stages if spec.extra}
-    default = [t for t in runnable if t["basename"] not in extra]
+    default = default_tasks(runnable, {spec.name for spec in stages if spec.extra})
     tasks.append(smoke_task(project, profile, default, blocked, dodo))
     tasks.append(report_task(project, profile, default))  # an extra rung's receipt is read when present
     tasks.append(verify_task(project, profile, stages))  # `doit profile=P verify`: never part of plain `doit`
@@ -45,3 +44,17 @@ def install(namespace: dict, project: Project | None = None, stages: Sequence[St
         yield from tasks
 
     namespace["task_ladder"] = task_ladder
+
+
+def default_tasks(runnable: Sequence[dict], extra: set[str]) -> list[dict]:
+    """What plain `doit` builds: every runnable task but the extra rungs' and those that read an extra rung's
+    output (`golden_eval:control` evaluates the extra `control_checkpoint`), to a fixpoint: doit would otherwise
+    build the extra rung as the dependency of a default task."""
+    left = [t for t in runnable if t["basename"] not in extra]
+    made = {p for t in runnable if t["basename"] in extra for p in t.get("targets", ())}
+    while True:
+        keep = [t for t in left if not made.intersection(t.get("file_dep", ()))]
+        if len(keep) == len(left):
+            return keep
+        made.update(p for t in left if t not in keep for p in t.get("targets", ()))
+        left = keep

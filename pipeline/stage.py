@@ -16,7 +16,8 @@ from pipeline.layout import Layout, StageCtx
 
 # The ladder, in build order; `doit list` shows the tasks in this order. `smoke` is the aggregate (pipeline/smoke.py).
 LADDER = ("ingest", "shards", "pretrain_checkpoint", "sft_checkpoint", "onpolicy_pairs", "ref_cache", "dpo_checkpoint",
-          "rm_prompts", "rm_pairs", "rm_shards", "rm_checkpoint", "prm_checkpoint", "grpo_checkpoint", "ppo_checkpoint", "golden_eval")
+          "rm_prompts", "rm_pairs", "rm_shards", "rm_checkpoint", "prm_checkpoint", "grpo_checkpoint", "ppo_checkpoint", "control_checkpoint",
+          "golden_eval")
 SMOKE = "smoke"
 
 

@@ -21,10 +21,15 @@ def _under(root: Path, path: str | Path) -> Path:
 
 
 def _inputs(ctx: StageCtx) -> list[Path]:
-    shards = stage_table(ctx.layout, "sft.toml", "data").get("shards", "shards/sft/out")
-    tokenizer_dir = resolve_tokenizer_dir(stage_table(ctx.layout, "sft.toml", "tokenizer").get("path"))
+    return sft_inputs(ctx, "sft.toml")
+
+
+def sft_inputs(ctx: StageCtx, config: str) -> list[Path]:
+    """The inputs of an `align.stages.sft` run on `config` (this rung's, and the extra `control_checkpoint`'s)."""
+    shards = stage_table(ctx.layout, config, "data").get("shards", "shards/sft/out")
+    tokenizer_dir = resolve_tokenizer_dir(stage_table(ctx.layout, config, "tokenizer").get("path"))
     deps = [ctx.layout.runs / str(shards) / "manifest.json", _under(ctx.layout.root, tokenizer_dir) / "tokenizer.json"]
-    base = stage_table(ctx.layout, "sft.toml", "model").get("base")
+    base = stage_table(ctx.layout, config, "model").get("base")
     if isinstance(base, str) and base:
         base_dir = _under(ctx.layout.root, base)
         if base_dir.absolute().is_relative_to(ctx.layout.runs.absolute()):
@@ -33,7 +38,7 @@ def _inputs(ctx: StageCtx) -> list[Path]:
             deps.append(base_dir / "manifest.json")
         else:
             deps += [p for p in (base_dir / "config.json", base_dir / "model.safetensors.index.json") if p.is_file()]
-    return deps + inloop_manifests(ctx.layout, "sft.toml")
+    return deps + inloop_manifests(ctx.layout, config)
 
 
 STAGE = StageSpec(

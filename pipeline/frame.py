@@ -1,7 +1,8 @@
 """What a dodo file calls: `install(namespace, ...)` puts DOIT_CONFIG and one task creator into it.
 
 One creator yields every ladder task under its own basename, so `doit list` shows them in ladder order, and plain
-`doit` builds every stage but the extra rungs (`StageSpec.extra`: built when named) and `smoke` (the CI entry point)."""
+`doit` builds every stage but the extra rungs (`StageSpec.extra`: built when named) and `smoke` (the CI entry point),
+then the `report` (pipeline/report.py): the ladder ends with its page."""
 
 from __future__ import annotations
 
@@ -35,9 +36,11 @@ def install(namespace: dict, project: Project | None = None, stages: Sequence[St
     runnable = [t for t in tasks if "actions" in t and task_name(t) not in blocked]
     default = default_tasks(runnable, {spec.name for spec in stages if spec.extra})
     tasks.append(smoke_task(project, profile, default, blocked, dodo))
-    tasks.append(report_task(project, profile, default))  # an extra rung's receipt is read when present
+    report = report_task(project, profile, default)  # an extra rung's receipt is read when present
+    tasks.append(report)
     tasks.append(verify_task(project, profile, stages))  # `doit profile=P verify`: never part of plain `doit`
-    namespace["DOIT_CONFIG"] = {**doit_config(project, profile), "default_tasks": [task_name(t) for t in default]}
+    namespace["DOIT_CONFIG"] = {**doit_config(project, profile),
+                                "default_tasks": [task_name(t) for t in (*default, report)]}
 
     def task_ladder():
         """the align stage ladder"""

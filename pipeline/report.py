@@ -1,28 +1,31 @@
 """The `report` task: one page summing up a profile's ladder from its receipts and training histories.
 
-    doit report                              # builds the ladder first (the receipts are its inputs), then the page
+    doit                                     # builds the ladder; the report is its last default task
+    doit report                              # the same: the receipts are its inputs
     python -m pipeline.report --profile tiny # renders whatever exists now, without building anything
+    python -m pipeline.report --profile tiny --where   # one line: `report: <path of report.html>`
 
-Writes `runs/<profile>/report/report.txt` (always: the accuracy table per rung and the wall time per task) and,
-when matplotlib is installed (the optional `report` extra), `report.html`: the same tables plus the loss and
-reward curves of the training rungs and the accuracy per rung, as PNGs inlined in the page (self-contained: one
-file to open or attach). matplotlib is imported only when rendering, never when doit loads its tasks."""
+Writes `runs/<profile>/report/report.html`: the verdict per rung (held-out accuracy, the outcome against the band
+recorded for the profile, the golden decode check), accuracy per rung and level as grouped bars, the tables, and
+the training curves of every rung, as inline SVG (pipeline/report_svg.py, standard library only; one
+self-contained file to open or attach); and `report.txt`, the same tables and verdicts as text (written last: the
+task's target). A profile whose rungs are missing renders what exists."""
 
 from __future__ import annotations
 
 import argparse
-import base64
-import html
-import io
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Sequence
 
 from doit.tools import config_changed
 
-from align.utils.fsio import atomic_write_text
+from align.eval.outcome import describe
+from align.utils.fsio import atomic_write_text, sha256_bytes
 from align.utils.tracking import read_history
+from pipeline import report_html, report_svg
 from pipeline.layout import Layout, Project
 
 REPORT = "report"
@@ -40,26 +43,27 @@ CURVES = {  # training rung -> history columns worth a curve (those present are 
 }
 
 
-def _matplotlib_available() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("matplotlib") is not None
+def _code_digest() -> str:
+    """The rendering code: a new version re-renders a page whose receipts did not change."""
+    files = (__file__, report_html.__file__, report_svg.__file__, sys.modules[describe.__module__].__file__)
+    return sha256_bytes(b"".join(Path(f).read_bytes() for f in files))
 
 
 def report_task(project: Project, profile: str, runnable: Sequence[dict]) -> dict:
     """`runnable`: the ladder's default task dicts (no extra rung) that can run; their receipts are the report's
-    inputs. The page also sums up every other receipt present (an extra rung built by name)."""
+    inputs, so plain `doit` renders it after every rung. The page also sums up every other receipt present (an
+    extra rung built by name)."""
     from pipeline.tasks import task_name
 
     layout = Layout(project, profile)
     receipts = [layout.receipt(task_name(t)) for t in runnable]
     return {
         "basename": REPORT,
-        "doc": "one page of the ladder: accuracy per rung, loss/reward curves -> runs/<profile>/report/",
+        "doc": "one page of the ladder: verdicts and accuracy per rung and level, curves -> runs/<profile>/report/",
         "actions": [(_action, [layout])],
         "file_dep": [str(p) for p in receipts],
-        "targets": [str(layout.runs / REPORT / "report.txt")],
-        "uptodate": [config_changed({"matplotlib": _matplotlib_available()})],
+        "targets": [str(html_path(layout)), str(layout.runs / REPORT / "report.txt")],
+        "uptodate": [config_changed({"code": _code_digest()})],
     }
 
 
@@ -83,12 +87,12 @@ def _num(value, fmt: str = "{:.3f}") -> str:
 def tables(receipts: list[dict]) -> tuple[list[list[str]], list[list[str]]]:
     """(accuracy table, timing table), header row first."""
     ks = sorted({k for row in accuracy_rows(receipts) for k in row.get("pass_at_k", {})}, key=int)
-    acc = [["rung", "accuracy", *(f"pass@{k}" for k in ks), "format", "mean len", "truncated", "golden"]]
+    acc = [["rung", "accuracy", *(f"pass@{k}" for k in ks), "format", "mean len", "truncated", "golden", "outcome"]]
     for row in accuracy_rows(receipts):
         acc.append([row["rung"], _num(row.get("accuracy")),
                     *(_num(row.get("pass_at_k", {}).get(k)) for k in ks), _num(row.get("format_rate"), "{:.2f}"),
                     _num(row.get("mean_length"), "{:.1f}"), _num(row.get("truncation_rate"), "{:.2f}"),
-                    (row.get("golden") or {}).get("status", "-")])
+                    (row.get("golden") or {}).get("status", "-"), (_outcome(row) or {}).get("verdict", "-")])
     timing = [["task", "wall s", "finished"]]
     stages = sorted((r for r in receipts if r.get("finished")), key=lambda r: r["finished"])  # build order
     timing += [[r["task"], _num(r.get("wall_s"), "{:.1f}"), r["finished"]] for r in stages]
@@ -158,77 +162,77 @@ def curves(layout: Layout) -> dict[str, dict[str, list[tuple[int, float]]]]:
     return out
 
 
-# ------------------------------------------------------------------------------------------------------ rendering
+# ------------------------------------------------------------------------------------------------------ verdicts
 
 
-def _png(fig) -> str:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
-    return base64.b64encode(buf.getvalue()).decode()
+def _outcome(row: dict) -> dict | None:
+    return row.get("outcome") if isinstance(row.get("outcome"), dict) else None  # absent: an older receipt
 
 
-def figures(layout: Layout, receipts: list[dict]) -> list[tuple[str, str]]:
-    """[(title, base64 PNG)]: one figure per training rung (a panel per curve), then accuracy per rung."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # no display: render to memory
-    import matplotlib.pyplot as plt
-
-    out = []
-    for stage, series in curves(layout).items():
-        fig, axes = plt.subplots(1, len(series), figsize=(4.2 * len(series), 3.0), squeeze=False)
-        for ax, (column, points) in zip(axes[0], series.items()):
-            ax.plot([s for s, _ in points], [v for _, v in points], lw=1.2)
-            ax.set_title(column), ax.set_xlabel("step"), ax.grid(alpha=0.3)
-        out.append((stage, _png(fig)))
-        plt.close(fig)
-    rows = accuracy_rows(receipts)
-    if rows:
-        fig, ax = plt.subplots(figsize=(5.0, 3.0))
-        ax.bar([r["rung"] for r in rows], [r.get("accuracy") or 0.0 for r in rows], color="#4a7ab5")
-        ax.set_ylim(0, 1), ax.set_ylabel("greedy accuracy (held-out)"), ax.grid(axis="y", alpha=0.3)
-        out.append(("accuracy per rung", _png(fig)))
-        plt.close(fig)
+def verdict_rows(receipts: list[dict]) -> list[list[str]]:
+    """Per rung: held-out accuracy, the outcome verdict, the golden verdict and the outcome's sentence (with the
+    band and where it comes from), header row first."""
+    out = [["rung", "accuracy", "outcome", "golden", "detail"]]
+    for row in accuracy_rows(receipts):
+        outcome = _outcome(row)
+        out.append([row["rung"], _num(row.get("accuracy")), outcome["verdict"] if outcome else "-",
+                    (row.get("golden") or {}).get("status", "-"),
+                    describe(outcome, row["rung"]).removeprefix("outcome: ") if outcome else "-"])
     return out
 
 
-def _html_table(rows: list[list[str]]) -> str:
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in rows[0])
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows[1:])
-    return f"<table><tr>{head}</tr>{body}</table>"
+def level_bars(receipts: list[dict]) -> tuple[list[str], list[tuple[str, list[float | None]]], dict]:
+    """bar_chart's (categories, series, bands): "all" then each level; one series per rung; each recorded band."""
+    rows = accuracy_rows(receipts)
+    levels = sorted({g for r in rows for g in r.get("accuracy_by_group", {})}, key=lambda g: (len(g), g))
+    categories = ["all", *(f"level {g}" for g in levels)]
+    series, bands = [], {}
+    for r in rows:
+        values = [r.get("accuracy"), *(r.get("accuracy_by_group", {}).get(g) for g in levels)]
+        series.append((r["rung"], [v if _finite(v) else None for v in values]))
+        outcome = _outcome(r)
+        if outcome and outcome.get("band"):
+            bands[(r["rung"], "all")] = outcome["band"]
+            bands |= {(r["rung"], f"level {g}"): d["band"] for g, d in outcome.get("groups", {}).items()}
+    return categories, series, bands
 
 
-def html_page(profile: str, acc: list[list[str]], timing: list[list[str]], figs: list[tuple[str, str]]) -> str:
-    imgs = "".join(f"<h3>{html.escape(t)}</h3><img src='data:image/png;base64,{b}'>" for t, b in figs)
-    style = "body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}td,th{border:1px solid #bbb;" \
-            "padding:3px 8px;text-align:right}th{background:#eee}"
-    return (f"<!doctype html><html><head><meta charset='utf-8'><title>align ladder: {html.escape(profile)}</title>"
-            f"<style>{style}</style></head><body><h1>align ladder: profile {html.escape(profile)}</h1>"
-            f"<h2>Accuracy per rung</h2>{_html_table(acc)}<h2>Curves</h2>{imgs or '<p>no histories</p>'}"
-            f"<h2>Wall time per task</h2>{_html_table(timing)}</body></html>\n")
+# ------------------------------------------------------------------------------------------------------ rendering
+
+
+def html_path(layout: Layout) -> Path:
+    return layout.runs / REPORT / "report.html"
+
+
+def where_line(layout: Layout) -> str:
+    """What `bash scripts/main.sh` prints last: the page's absolute path, or that none was rendered."""
+    path = html_path(layout)
+    if path.is_file():
+        return f"report: {path.resolve()}"
+    return f"report: none rendered yet under {layout.runs.resolve()} (doit profile={layout.profile} report)"
 
 
 def render(layout: Layout) -> list[Path]:
-    """Write report.txt (and report.html with matplotlib); returns the files written."""
+    """Write report.html and report.txt (last); returns the files written."""
     receipts = _receipts(layout)
     acc, timing = tables(receipts)
+    verdicts = verdict_rows(receipts)
     out_dir = layout.runs / REPORT
     out_dir.mkdir(parents=True, exist_ok=True)
     text = f"align ladder, profile {layout.profile}\n\n{text_table(acc)}\n\n"
+    said = [f"{r[0]}: golden {r[3]}; outcome: {r[4]}" for r in verdicts[1:] if r[2] != "-"]
+    text += "\n".join(said) + "\n\n" if said else ""
     levels = level_table(receipts)
     text += f"{text_table(levels)}\n\n" if levels else ""
-    extra = [line for line in (grpo_gain_line(receipts), *inloop_lines(layout), *moe_lines(layout)) if line]
-    text += "\n".join(extra) + "\n\n" if extra else ""
+    notes = [line for line in (grpo_gain_line(receipts), *inloop_lines(layout), *moe_lines(layout)) if line]
+    text += "\n".join(notes) + "\n\n" if notes else ""
     text += f"{text_table(timing)}\n"
-    written = []
-    if _matplotlib_available():
-        atomic_write_text(out_dir / "report.html", html_page(layout.profile, acc, timing, figures(layout, receipts)))
-        written.append(out_dir / "report.html")
-    else:
-        text += "\n(install the `report` extra, matplotlib, for report.html with the curves)\n"
+    data = report_html.PageData(profile=layout.profile, verdicts=verdicts, accuracy=acc,
+                                levels=level_bars(receipts), notes=notes, curves=curves(layout), timing=timing)
+    atomic_write_text(html_path(layout), report_html.page(data))
     atomic_write_text(out_dir / "report.txt", text)  # last: the task's target
     print(text, end="")
-    return [*written, out_dir / "report.txt"]
+    return [html_path(layout), out_dir / "report.txt"]
 
 
 def _action(layout: Layout) -> None:
@@ -238,8 +242,14 @@ def _action(layout: Layout) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pipeline.report", description=__doc__.splitlines()[0])
     parser.add_argument("--profile", default="tiny")
+    parser.add_argument("--root", type=Path, default=None, help="project root (default: this checkout)")
+    parser.add_argument("--where", action="store_true", help="print where report.html is; render nothing")
     ns = parser.parse_args(argv)
-    for path in render(Layout(Project(), ns.profile)):
+    layout = Layout(Project(root=ns.root) if ns.root else Project(), ns.profile)
+    if ns.where:
+        print(where_line(layout))
+        return 0
+    for path in render(layout):
         print(f"wrote {path}")
     return 0
 

@@ -72,7 +72,8 @@ def test_a_dpo_beta_edit_reruns_dpo_grpo_and_their_evals(built):
     cfg.write_text(text[: beta.start(1)] + repr(float(beta.group(1)) * 2) + text[beta.end(1):])
     res = doit(built)
     assert res.returncode == 0, res.output[-4000:]
-    assert sorted(res.ran) == sorted(["dpo_checkpoint", "grpo_checkpoint", "golden_eval:dpo", "golden_eval:grpo"])
+    assert sorted(res.ran) == sorted(["dpo_checkpoint", "grpo_checkpoint", "golden_eval:dpo", "golden_eval:grpo",
+                                      "report"])  # plain doit ends with the report, whose inputs changed
     assert retrained(built, "dpo_checkpoint") and retrained(built, "grpo_checkpoint")
     assert content_hash(built, "dpo_checkpoint") != before  # the new beta really trained a new policy
 
@@ -82,7 +83,7 @@ def test_a_grpo_loss_code_edit_reruns_grpo_and_its_eval(built):
     loss.write_text(loss.read_text() + "\n# an edit: the code digest of every stage that imports this file changes\n")
     res = doit(built)
     assert res.returncode == 0, res.output[-4000:]
-    assert sorted(res.ran) == ["golden_eval:grpo", "grpo_checkpoint"]
+    assert sorted(res.ran) == ["golden_eval:grpo", "grpo_checkpoint", "report"]
     assert retrained(built, "grpo_checkpoint")
 
 
@@ -100,7 +101,7 @@ def test_a_parquet_content_change_reruns_everything_downstream(built):
     # the new SFT policy samples new on-policy pairs (their manifest names the policy), so the preference shards
     # are rebuilt too
     assert sorted(res.ran) == sorted(["ingest:math_sft", "shards:sft", "onpolicy_pairs", "shards:preference", *RUNGS,
-                                      *EVALS])
+                                      *EVALS, "report"])
     assert retrained(built, "sft_checkpoint") and content_hash(built, "sft_checkpoint") != before["sft_checkpoint"]
     # A rung whose inputs' content changed trains afresh; one whose inputs are bytewise the same as last time
     # (possible further down) may resume its finished run: that is the run identity (align.train.identity).

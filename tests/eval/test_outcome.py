@@ -1,13 +1,14 @@
 """The outcome verdict (align.eval.outcome) through the real golden_eval worker on a real small checkpoint: the
 held-out accuracy against the profile's `[outcome.<rung>]` band reads expected / regression / improvement /
-unrecorded in the receipt and in the printed summary beside the golden verdict; a bad band is bad input naming
-its key."""
+unrecorded in the receipt, in the printed summary beside the golden verdict and in the report; a bad band is bad
+input naming its key."""
 
 from __future__ import annotations
 
 import contextlib
 import io
 import json
+import re
 
 import pytest
 import torch
@@ -18,6 +19,9 @@ from align.exit_codes import run_with_exit_codes
 from align.stages import golden_eval
 from align.stages.golden_eval import GoldenEvalStageConfig
 from eval_fixtures import answer_model, build_eval_shards, save
+from pipeline import report
+from pipeline.layout import Layout, Project
+from pipeline.receipts import read_metrics, write_receipt
 
 # answers "7" to everything: accuracy 3/6 = 0.5, and 0.5 on each level (levels 1, 2, 3 cycle over the rows)
 GOLDS = ["7", "3", "7", "12", "7", "4"]
@@ -143,3 +147,24 @@ def test_a_bad_band_is_bad_input_naming_its_key(project, outcome, said):
 def test_the_worker_refuses_a_bad_band_before_evaluating(project):
     code, _, printed = _eval(project, _band(0.6, 0.4))
     assert code == 2 and "[outcome.sft] accuracy = [0.6, 0.4]: expected [lo, hi]" in printed
+
+
+def test_the_report_shows_both_verdicts_from_the_workers_receipt(project):
+    """The receipt as the launcher writes it (the worker's metrics.json) -> report.txt and report.html."""
+    code, _, _ = _eval(project, _band(0.6, 0.9, 'groups = { "2" = [0.6, 1.0] }\n'))
+    assert code == 0
+    layout = Layout(Project(root=project), "smoke")
+    run_dir = layout.stage_dir("golden_eval", "sft")
+    write_receipt(layout.receipt("golden_eval:sft"), task="golden_eval:sft", profile="smoke", root=project,
+                  inputs=[], outputs=[run_dir / "out" / "manifest.json"], code_digest="", config_digest="",
+                  config="", metrics=read_metrics(run_dir), wall_s=1.0)
+    html, txt = report.render(layout)
+    assert (f"sft: golden not_configured; outcome: regression: accuracy 0.500 below the recorded band 0.600-0.900, "
+            f"level 2 0.500 below 0.600-1.000 ({SOURCE})") in txt.read_text().splitlines()
+    page = html.read_text()
+    assert "<tr><td>sft</td><td>0.500</td><td class='v-regression'>regression</td>" \
+           "<td class='v-not_configured'>not_configured</td>" in page
+    bars = re.findall(r"data-series='sft' data-category='([^']+)' data-value='([\d.]+)'", page)
+    assert bars == [("all", "0.5000"), ("level 1", "0.5000"), ("level 2", "0.5000"), ("level 3", "0.5000")]
+    assert re.findall(r"<title>(sft, [^<]*recorded band [^<]*)</title>", page) == [
+        "sft, all: recorded band 0.600-0.900", "sft, level 2: recorded band 0.600-1.000"]

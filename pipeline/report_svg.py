@@ -136,49 +136,63 @@ def line_chart(title: str, points: Sequence[tuple[float, float]], color: str = C
     return _svg(W, H, body, title)
 
 
+LEGEND_W, LEGEND_ROW = 90, 4  # px per legend entry, entries per legend row
+
+
+def _bar(frame: _Frame, x: float, bar_w: float, name: str, cat: str, value: float, color: str) -> str:
+    y = frame.y(value)
+    return (f"<rect x='{x:.1f}' y='{y:.1f}' width='{bar_w - 2:.1f}' height='{frame.bottom - y:.1f}' fill='{color}' "
+            f"data-series='{escape(name)}' data-category='{escape(cat)}' data-value='{value:.4f}'>"
+            f"<title>{escape(f'{name}, {cat}: {value:.3f}')}</title></rect>"
+            f"<text x='{x + (bar_w - 2) / 2:.1f}' y='{y - 3:.1f}' text-anchor='middle' font-family='sans-serif' "
+            f"font-size='9'>{value:.2f}</text>")
+
+
+def _bracket(frame: _Frame, cx: float, name: str, cat: str, band: Sequence[float]) -> str:
+    top, bot = frame.y(band[1]), frame.y(band[0])
+    return (f"<path d='M{cx - 5:.1f} {top:.1f}H{cx + 5:.1f}M{cx:.1f} {top:.1f}V{bot:.1f}M{cx - 5:.1f} {bot:.1f}"
+            f"H{cx + 5:.1f}' stroke='#222' stroke-width='1.5' fill='none' class='band'>"
+            f"<title>{escape(f'{name}, {cat}: recorded band {band[0]:.3f}-{band[1]:.3f}')}</title></path>")
+
+
+def _legend(names: Sequence[str], bands: bool) -> list[str]:
+    out = []
+    for i, name in enumerate([*names, *(["recorded band"] if bands else [])]):
+        lx, ly = PAD_L + (i % LEGEND_ROW) * LEGEND_W, H + 4 + 18 * (i // LEGEND_ROW)
+        mark = (f"<rect x='{lx}' y='{ly}' width='10' height='10' fill='{COLORS[i % len(COLORS)]}'/>"
+                if i < len(names) else
+                f"<path d='M{lx} {ly}H{lx + 10}M{lx + 5} {ly}V{ly + 10}M{lx} {ly + 10}H{lx + 10}' stroke='#222' "
+                f"fill='none'/>")
+        out.append(f"{mark}<text x='{lx + 14}' y='{ly + 9}' {FONT}>{escape(name)}</text>")
+    return out
+
+
 def bar_chart(title: str, categories: Sequence[str], series: Sequence[tuple[str, Sequence[float | None]]],
               bands: dict[tuple[str, str], Sequence[float]] | None = None, ylabel: str = "") -> str:
     """Grouped bars in [0, 1]: `series` = [(name, one value per category, None = not measured)]; `bands`:
     {(series, category): [lo, hi]} drawn as a bracket over that bar."""
     bands = bands or {}
-    nbar = max(len(series), 1)
-    group_w = max(24 * nbar + 16, 60)
-    width = PAD_L + PAD_R + group_w * max(len(categories), 1)
-    height = H + 18 * ((len(series) + bool(bands) + 3) // 4)  # room for the legend, four entries a row
+    entries = len(series) + bool(bands)
+    group_w = max(24 * len(series) + 16, 60)
+    width = PAD_L + PAD_R + max(group_w * len(categories), LEGEND_W * min(entries, LEGEND_ROW))
     frame = _Frame((0.0, 1.0), [0.0, 0.25, 0.5, 0.75, 1.0], width, H)
     body = frame.axes()
     if ylabel:
-        body.append(f"<text x='12' y='{(PAD_T + H - PAD_B) / 2:.0f}' text-anchor='middle' {FONT} "
-                    f"transform='rotate(-90 12 {(PAD_T + H - PAD_B) / 2:.0f})'>{escape(ylabel)}</text>")
-    bar_w = (group_w - 16) / nbar
+        mid = (PAD_T + H - PAD_B) / 2
+        body.append(f"<text x='12' y='{mid:.0f}' text-anchor='middle' {FONT} transform='rotate(-90 12 {mid:.0f})'>"
+                    f"{escape(ylabel)}</text>")
+    bar_w = (group_w - 16) / max(len(series), 1)
     for ci, cat in enumerate(categories):
         gx = PAD_L + ci * group_w + 8
         body.append(f"<text x='{gx + (group_w - 16) / 2:.1f}' y='{H - PAD_B + 13}' text-anchor='middle' {FONT}>"
                     f"{escape(cat)}</text>")
         for si, (name, values) in enumerate(series):
-            value = values[ci]
-            if value is None:
+            if values[ci] is None:
                 continue
-            x, y = gx + si * bar_w, frame.y(value)
-            label = f"{name}, {cat}: {value:.3f}"
-            body.append(f"<rect x='{x:.1f}' y='{y:.1f}' width='{bar_w - 2:.1f}' height='{frame.bottom - y:.1f}' "
-                        f"fill='{COLORS[si % len(COLORS)]}' data-series='{escape(name)}' "
-                        f"data-category='{escape(cat)}' data-value='{value:.4f}'><title>{escape(label)}</title>"
-                        f"</rect><text x='{x + (bar_w - 2) / 2:.1f}' y='{y - 3:.1f}' text-anchor='middle' "
-                        f"font-family='sans-serif' font-size='9'>{value:.2f}</text>")
-            band = bands.get((name, cat))
-            if band:
-                cx, top, bot = x + (bar_w - 2) / 2, frame.y(band[1]), frame.y(band[0])
-                body.append(f"<path d='M{cx - 5:.1f} {top:.1f}H{cx + 5:.1f}M{cx:.1f} {top:.1f}V{bot:.1f}"
-                            f"M{cx - 5:.1f} {bot:.1f}H{cx + 5:.1f}' stroke='#222' stroke-width='1.5' fill='none' "
-                            f"class='band'><title>{escape(f'{name}, {cat}: recorded band {band[0]:.3f}-{band[1]:.3f}')}"
-                            f"</title></path>")
-    for si, (name, _) in enumerate(series):  # legend, four entries a row
-        lx, ly = PAD_L + (si % 4) * 90, H + 4 + 18 * (si // 4)
-        body.append(f"<rect x='{lx}' y='{ly}' width='10' height='10' fill='{COLORS[si % len(COLORS)]}'/>"
-                    f"<text x='{lx + 14}' y='{ly + 9}' {FONT}>{escape(name)}</text>")
-    if bands:
-        lx, ly = PAD_L + (len(series) % 4) * 90, H + 4 + 18 * (len(series) // 4)
-        body.append(f"<path d='M{lx} {ly}H{lx + 10}M{lx + 5} {ly}V{ly + 10}M{lx} {ly + 10}H{lx + 10}' "
-                    f"stroke='#222' fill='none'/><text x='{lx + 14}' y='{ly + 9}' {FONT}>recorded band</text>")
+            x = gx + si * bar_w
+            body.append(_bar(frame, x, bar_w, name, cat, values[ci], COLORS[si % len(COLORS)]))
+            if (name, cat) in bands:
+                body.append(_bracket(frame, x + (bar_w - 2) / 2, name, cat, bands[(name, cat)]))
+    body += _legend([name for name, _ in series], bool(bands))
+    height = H + 18 * ((entries + LEGEND_ROW - 1) // LEGEND_ROW)
     return _svg(int(width), int(height), body, title)

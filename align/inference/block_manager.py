@@ -7,6 +7,13 @@ are computed; a sequence that would hit a block another sequence is still comput
 step rather than computing it twice. Freed blocks keep their hash and go to the back of the free list, so recently
 used prefixes survive until the space is needed (LRU).
 
+Blocks a sequence fills while it decodes join the cache too (`cache_generated`), once computed: a request that
+continues a finished one (a multi-turn episode's next turn: prompt + the policy's turn + the environment's tokens,
+align.rl.environment) takes them instead of recomputing the turn, so only the tail of its last partial block and
+the new tokens are prefilled. A full computed block is never written again, so sharing it is safe; its K/V are the
+decode step's, bitwise a prefill's under the engine's batch invariance with the native attention kernel
+(head_dim and block_size multiples of 16; the torch attention path can round a log-prob's last bit differently).
+
 The last token of a sequence is always run through the model (its logits are needed to sample). When the cache
 covers every token, the last cached block is therefore copied into a private block (copy-on-write) and the
 sequence recomputes only that one token into its copy; shared blocks are never written."""
@@ -39,6 +46,7 @@ class BlockManager:
     num_blocks: int
     block_size: int
     enable_prefix_caching: bool = True
+    cache_generated: bool = True  # decode-filled blocks join the prefix cache (False: prompt blocks only)
     blocks: list[Block] = field(init=False)
     free: dict[int, None] = field(init=False)  # insertion-ordered set: front = least recently freed
     hash_to_block: dict[bytes, int] = field(init=False)
@@ -134,7 +142,21 @@ class BlockManager:
         """Publish the full blocks that the last step completed, so other sequences may share them."""
         bs = self.block_size
         for i in range(old_num_computed // bs, seq.num_computed_tokens // bs):
-            self.blocks[seq.block_table[i]].computed = True
+            block = self.blocks[seq.block_table[i]]
+            block.computed = True
+            if block.hash is None and self.enable_prefix_caching and self.cache_generated:
+                h = self._chain_hash(seq, i)
+                if h not in self.hash_to_block:  # an equal block already cached (a copy-on-write source) stays
+                    self._register(block.block_id, h)
+
+    def _chain_hash(self, seq: Sequence, i: int) -> bytes:
+        """Block i's chained hash (`block_hashes`), from block i - 1's when that block carries it."""
+        prev = self.blocks[seq.block_table[i - 1]].hash if i > 0 else b""
+        if prev is None:  # a private copy, or a cache reset since admission: the chain from the tokens
+            return self.block_hashes(seq.tokens[:(i + 1) * self.block_size])[-1]
+        h = hashlib.blake2b(prev, digest_size=16)
+        h.update(b"".join(t.to_bytes(4, "little") for t in seq.tokens[i * self.block_size:(i + 1) * self.block_size]))
+        return h.digest()
 
     def free_seq(self, seq: Sequence) -> None:
         # The tail is freed first so it is reused first: a prompt's leading blocks are the likeliest to be hit again.

@@ -17,8 +17,10 @@ episode, or at a newline token: a tool call is one line; the observation's plain
 request with a seed derived from (episode seed, segment), so an episode is a pure function of the weights. The
 result marks every token: 1 for the policy's own (they train), 0 for the environment's (never trained: the policy did
 not choose them; their log-probs are 0; the batch's `policy_mask` keeps them out of the per-token statistics,
-entropy and rho, too). The engine's prefix cache (EngineConfig) serves the repeated prefix of each
-continuation instead of recomputing it.
+entropy and rho, too). The KV cache is kept across turns: each continuation is a new request for prompt + everything
+so far, and the engine's prefix cache, which also keeps the blocks a turn filled while decoding
+(align.inference.block_manager `cache_generated`), serves all of it but the last partial block, so a turn is not
+prefilled again (tests/rl/test_env_cache.py: the same episodes bitwise, fewer tokens computed).
 
 `CalculatorEnv`: a line holding `<calc>EXPR</calc>` is answered with `<result>VALUE</result>` (integer and decimal
 arithmetic: + - * / // % ** and parentheses, exact by fractions, bounded; anything else `<result>error</result>`);
@@ -26,8 +28,8 @@ the reward is the verifier's verdict of the completion against the row's gold.
 
 GRPO drives it with `[environment]` (align.rl.stage_config.EnvironmentConfig; align.rl.batch_source
 `_generate_episodes`: G episodes per prompt, all advanced together, rewarded by the [reward] terms on the whole
-completion). What this is not yet: each continuation is a new request (the prefix cache, not a kept sequence,
-spares the recompute), and no rung trains a policy to call the calculator."""
+completion). What this is not yet: the last partial KV block of each turn (under block_size tokens) is recomputed
+(a kept sequence would not), and no rung trains a policy to call the calculator."""
 
 from __future__ import annotations
 

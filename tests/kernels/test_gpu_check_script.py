@@ -59,3 +59,21 @@ def test_a_real_run_without_cuda_refuses_with_exit_3(tmp_path):
 def test_an_unknown_argument_is_exit_2(tmp_path):
     proc = _run("--fast", tmp=tmp_path)
     assert proc.returncode == 2 and "unknown argument --fast" in proc.stderr
+
+
+def _collected(*paths: str) -> list[str]:
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "--collect-only", "-q", "-p",
+                           "no:cacheprovider", *paths], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return sorted(line for line in proc.stdout.splitlines() if "::" in line)
+
+
+@pytest.mark.slow
+def test_the_gpu_step_runs_every_gpu_test_of_the_tree():
+    """The script collects only the files that say pytest.mark.gpu (--list-gpu-tests); the whole tree's `-m gpu`
+    collection finds no gpu test outside them, and the same node ids inside."""
+    listed = subprocess.run(["bash", str(SCRIPT), "--list-gpu-tests"], cwd=ROOT, capture_output=True, text=True,
+                            check=True).stdout.split()
+    whole = _collected()
+    assert whole and {node.split("::")[0] for node in whole} <= set(listed)
+    assert _collected(*listed) == whole

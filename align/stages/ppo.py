@@ -33,6 +33,7 @@ from align.rl.ppo.stage_config import PpoStageConfig
 from align.rl.batch_source import PromptSet
 from align.eval.canary import Canary
 from align.rl.curriculum import PromptCurriculum
+from align.rl.environment import episode_runner
 from align.rl.report import fit_with_receipt, receipt_evals
 from align.rl.reward_models import build_reward
 from align.rl.stage_inputs import open_rl_stage
@@ -83,7 +84,8 @@ def main() -> int:
         policy_version=lambda: module.version,
         old_scorer=module.score if cfg.shape.old_logprobs == "recompute" else None, value_scorer=module.values,
         ref_scorer=reference_scorer(start, cfg) if cfg.ppo.kl_beta > 0 else None, world_size=world_size(),
-        reward_model=reward_model, reward_model_weight=cfg.reward.model_weight, process_reward=process_reward)
+        reward_model=reward_model, reward_model_weight=cfg.reward.model_weight, process_reward=process_reward,
+        episodes=episode_runner(cfg.environment, client, tok, cfg.shape))  # [environment]: multi-turn; else None
     evals = receipt_evals(cfg.data, client, heldout, prompts, decode, tok.eos_id)
     before = evals()
     n_params = sum(p.numel() for p in module.model.parameters()) + sum(p.numel() for p in module.critic.parameters())

@@ -23,7 +23,12 @@ GAE needs them. With `[gae] negative_scale` < 1 the (whitened) negative advantag
 `[advantage] negative_scale`; 0 reinforces only the tokens that did better than the critic expected).
 The stale checks are GRPO's: a sample whose weight version is not the policy's raises (the engine was not
 updated: never trained on), and a window that lags the policy by more than `shape.staleness_bound` steps is
-refused with the rest of its rollout when `shape.on_stale = "refuse"`."""
+refused with the rest of its rollout when `shape.on_stale = "refuse"`.
+
+With `[environment]` (multi-turn episodes, align.rl.environment: GRPO's episode runner) the per-token rewards and
+GAE run over the policy's own tokens (`policy_mask`): the environment's observation tokens take no KL, no process
+reward and no advantage, and a turn's last token bootstraps from the critic's value at the next turn
+(align.rl.ppo.gae `policy_columns`); the loss mask already keeps them out of the policy and value losses."""
 
 from __future__ import annotations
 
@@ -32,13 +37,15 @@ from typing import Callable
 
 import torch
 
-from align.rl.ppo.gae import GaeConfig, gae, scale_negatives, whiten
+from align.rl.ppo.gae import (GaeConfig, gae, gather_columns, policy_columns, scale_negatives, scatter_columns,
+                              whiten)
 from align.rl.ppo.rewards import token_rewards
 from align.rl.ppo.stage_config import PpoConfig
 from align.rl.advantages import AdvantageConfig
 from align.rl.assembly import assemble, plan_windows, row_lengths, select_rows, window_seed
 from align.rl.batch_source import GrpoBatchSource, PromptSet, Scorer, attach_stats
 from align.rl.curriculum import PromptCurriculum
+from align.rl.environment import EpisodeRunner
 from align.rl.rewards import CompositeReward
 from align.rl.stage_config import DynamicSamplingConfig, RolloutShape
 from align.rl.zero_rows import micro_count
@@ -54,14 +61,14 @@ class PpoBatchSource(GrpoBatchSource):
                  policy_version: Callable[[], int], old_scorer: Scorer | None, value_scorer: Scorer,
                  ref_scorer: Scorer | None = None, world_size: int = 1,
                  reward_model: Callable[[dict], torch.Tensor] | None = None, reward_model_weight: float = 1.0,
-                 process_reward: Callable[[dict], torch.Tensor] | None = None):
+                 process_reward: Callable[[dict], torch.Tensor] | None = None, episodes: EpisodeRunner | None = None):
         if reward.needs_reference:
             raise ValueError("PpoBatchSource: [reward] kl_coef must be 0; PPO's KL is [ppo] kl_beta")
         if ppo.kl_beta > 0 and ref_scorer is None:
             raise ValueError("PpoBatchSource: [ppo] kl_beta > 0 needs ref_scorer")
         super().__init__(prompts, client, decode, reward, curriculum, shape, dynamic, AdvantageConfig(), seed=seed,
                          eos_id=eos_id, policy_version=policy_version, old_scorer=old_scorer, ref_scorer=ref_scorer,
-                         world_size=world_size)
+                         world_size=world_size, episodes=episodes)
         self.ppo, self.gae_cfg, self.value_scorer, self.world_size = ppo, gae_cfg, value_scorer, world_size
         self.reward_model, self.reward_model_weight = reward_model, reward_model_weight
         self.process_reward = process_reward  # (N, C) per-token rewards of a PRM (align.rl.ppo.process_rewards)
@@ -96,13 +103,25 @@ class PpoBatchSource(GrpoBatchSource):
             rm = self._score_rows(batch, self.reward_model)
             batch["rewards"] = batch["rewards"] + self.reward_model_weight * rm
             rm_sum = float(rm.sum())
-        rewards, kl = token_rewards(batch["rewards"], comp, batch["old_logprobs"], ref, beta)
         process = None
         if self.process_reward is not None:  # the PRM's reward at each step's last token, beside the outcome's
             process = self._score(batch, self.process_reward)
-            rewards = rewards + process
-        adv, returns = gae(rewards.double(), batch["old_values"].double(), comp, self.gae_cfg.gamma,
-                           self.gae_cfg.lam)
+        if "policy_mask" in batch:  # multi-turn: the policy's tokens only, observations skipped (module doc)
+            own = comp * batch["policy_mask"]
+            order = policy_columns(own)
+            cols = lambda x: None if x is None else gather_columns(x, order)  # noqa: E731
+            rewards, kl = token_rewards(batch["rewards"], cols(own), cols(batch["old_logprobs"]), cols(ref), beta)
+            rewards = rewards + cols(process) * cols(own) if process is not None else rewards
+            adv, returns = gae(rewards.double(), cols(batch["old_values"]).double(), cols(own), self.gae_cfg.gamma,
+                               self.gae_cfg.lam)
+            adv, returns, kl = scatter_columns(adv, order), scatter_columns(returns, order), scatter_columns(kl, order)
+            process = process * own if process is not None else None
+        else:
+            own = comp
+            rewards, kl = token_rewards(batch["rewards"], comp, batch["old_logprobs"], ref, beta)
+            rewards = rewards + process if process is not None else rewards
+            adv, returns = gae(rewards.double(), batch["old_values"].double(), comp, self.gae_cfg.gamma,
+                               self.gae_cfg.lam)
         if self.gae_cfg.whiten_advantages:  # over every rank's loss tokens: one scale for the whole step
             reduce = all_reduce_sum if self.world_size > 1 else None
             n = float(loss_mask.sum()) if reduce is None else float(reduce([float(loss_mask.sum())])[0])
@@ -115,7 +134,7 @@ class PpoBatchSource(GrpoBatchSource):
         windows = [[{**select_rows(batch, rows), **flags} for rows in window] for window in plan]
         stats = {**counts, "rollout/gen_s": gen_s, "rollout/score_s": time.perf_counter() - t1,
                  "rollout/refused_windows": float(self.refused), "rollout/ranks": 1.0,
-                 "rollout/kl_sum": float(kl.sum()), "rollout/kl_tokens": float(comp.sum()),
+                 "rollout/kl_sum": float(kl.sum()), "rollout/kl_tokens": float(own.sum()),
                  "rollout/critic_only": float(critic_only), "rollout/rm_score_sum": rm_sum,
                  "rollout/rm_rows": float(comp.shape[0]) if self.reward_model is not None else 0.0,
                  "rollout/process_reward_sum": float(process.sum()) if process is not None else 0.0,

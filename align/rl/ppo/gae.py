@@ -8,6 +8,12 @@ are a contiguous run, so the first masked position after the run ends the episod
 lambda = 1 gives A_t = sum_k gamma^k r_{t+k} - V_t (Monte-Carlo); lambda = 0 gives the one-step residual delta_t.
 Positions outside the mask get A = R = 0.
 
+A multi-turn completion (align.rl.environment) holds the environment's observation tokens between the policy's
+turns: they are not the policy's actions, so the recursion runs over the policy's tokens only, as if the
+observations were not there (`policy_columns` / `gather_columns` / `scatter_columns`: the policy's tokens moved to
+the front of each row in order, the formulas above on that contiguous run, the results put back): a turn's last token
+bootstraps from the value at the policy's next token, after the observation.
+
 Whitening of x over the masked positions (TRL's `masked_whiten`: unbiased variance):
     mu = sum m x / sum m,   var = sum m (x - mu)^2 / (sum m - 1),   w = (x - mu) / sqrt(var + eps)  (+ mu unless
     `shift_mean`); masked positions outside stay 0. With several ranks, mu and var are over every rank's positions.
@@ -57,6 +63,20 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: 
         next_value = v[:, t]
     returns = (adv + v) * m
     return adv.to(values.dtype), returns.to(values.dtype)
+
+
+def policy_columns(mask: torch.Tensor) -> torch.Tensor:
+    """(B, T) column order that moves each row's masked positions to its front, in order (a stable sort)."""
+    return torch.sort((mask <= 0).to(torch.int8), dim=1, stable=True).indices
+
+
+def gather_columns(x: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    return x.gather(1, order.to(x.device))
+
+
+def scatter_columns(x: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    """The inverse of `gather_columns`."""
+    return torch.zeros_like(x).scatter_(1, order.to(x.device), x)
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -6,8 +6,10 @@
 Reads the profile's stage configs (`configs/<profile>/sft.toml`, and `grpo.toml` when the profile has one) and the
 architecture: the config.json of sft.toml's `[model].base` when that snapshot is on this host, else
 `configs/<profile>/plan.toml`'s `[model]` (the base checkpoint's config.json values), else sft.toml's `[model.init]`
-(a from-scratch profile). Parameter shapes come from the model built on the meta device (no memory), so every tensor
-of the real model is counted, with FSDP2's per-rank shard of dim 0 (rank 0's, the largest: ceil(rows / N)).
+(a from-scratch profile, as its `[model] family`). Parameter shapes come from the config's family's model built on the
+meta device (no memory), so every tensor of the real model is counted (Qwen 2's q/k/v biases, Qwen 3's q/k norms),
+with FSDP2's per-rank shard of dim 0 (rank 0's, the largest: ceil(rows / N)). Dense families only: the activation
+terms are the dense block's.
 
 Terms, per rank (b = bytes of the parameter dtype, c = of the compute dtype, N tokens of a micro-batch, D hidden, I
 intermediate, H / K query / key-value heads of Dh, L layers, V vocabulary; the tensors the code holds, by name):
@@ -60,9 +62,10 @@ from align.config import ConfigError, load_config, read_toml
 from align.exceptions import PreflightRefused
 from align.exit_codes import run_with_exit_codes
 from align.inference.config import EngineConfig
-from align.model import MistralConfig, MistralForCausalLM
+from align.model import MistralConfig
 from align.model.checkpoint import DTYPES
 from align.model.config_io import load_hf_config
+from align.model.family import family_of_config, scratch_config
 from align.rl.stage_config import GrpoStageConfig
 from align.stages.sft import SftStageConfig
 from align.train.offload_adamw import DEFAULT_CHUNK_NUMEL, VECTOR_ALIGN
@@ -129,11 +132,15 @@ def _bytes(dtype: str) -> int:
     return DTYPES[dtype].itemsize
 
 
-def param_shapes(cfg: MistralConfig) -> list[tuple[int, ...]]:
-    """Every trainable tensor's shape (a tied head counted once), from the model built on the meta device."""
+def _meta_model(cfg: MistralConfig) -> torch.nn.Module:
+    """The config's family's causal LM on the meta device (no memory): its parameters are the real model's."""
     with torch.device("meta"):
-        model = MistralForCausalLM(cfg)
-    return [tuple(p.shape) for p in model.parameters()]
+        return family_of_config(cfg).causal_lm(cfg)
+
+
+def param_shapes(cfg: MistralConfig) -> list[tuple[int, ...]]:
+    """Every trainable tensor's shape (a tied head counted once; a family's q/k/v biases and q/k norms included)."""
+    return [tuple(p.shape) for p in _meta_model(cfg).parameters()]
 
 
 def shard_numel(shape: tuple[int, ...], gpus: int) -> int:
@@ -143,9 +150,8 @@ def shard_numel(shape: tuple[int, ...], gpus: int) -> int:
 
 
 def block_numel(cfg: MistralConfig) -> int:
-    d, kv = cfg.hidden_size, cfg.num_key_value_heads * cfg.head_dim
-    q = cfg.num_attention_heads * cfg.head_dim
-    return d * q + 2 * d * kv + q * d + 3 * d * cfg.intermediate_size + 2 * d
+    """Elements of one decoder block (FSDP2's unit), its family's extra parameters included."""
+    return sum(p.numel() for p in _meta_model(cfg).model.layers[0].parameters())
 
 
 def optimizer_bytes(name: str, shards: list[int], param_dtype: str, *, min_8bit_numel: int = 4096,
@@ -203,6 +209,7 @@ def plan(w: Workload, gpus: int, *, separate_host: bool = True) -> Plan:
     """Per-rank bytes of `w` on `gpus` ranks (FSDP2 when gpus > 1, as strategy "auto" / "fsdp" resolves)."""
     cfg = w.model
     shapes = param_shapes(cfg)
+    block = block_numel(cfg)
     fsdp = w.sharded(gpus)
     shards = [shard_numel(s, gpus if fsdp else 1) for s in shapes]
     cdt = w.compute_dtype(gpus)
@@ -218,9 +225,9 @@ def plan(w: Workload, gpus: int, *, separate_host: bool = True) -> Plan:
     out.terms["activations_no_ac"] = saved_activation_bytes(cfg, w.tokens, cdt, False)
     out.terms["head_transient"] = head_transient_bytes(cfg, min(w.head_chunk, w.tokens), cdt)
     if fsdp:
-        root = sum(math.prod(s) for s in shapes) - cfg.num_hidden_layers * block_numel(cfg)
+        root = sum(math.prod(s) for s in shapes) - cfg.num_hidden_layers * block
         reduce = _bytes(w.parallel.reduce_dtype)
-        out.terms["fsdp_buffers"] = 2 * c * block_numel(cfg) + c * root + reduce * block_numel(cfg)
+        out.terms["fsdp_buffers"] = 2 * c * block + c * root + reduce * block
     if w.engine is not None:
         out.terms["engine_weights"] = _bytes(w.engine_dtype) * sum(math.prod(s) for s in shapes)
         out.terms["engine_kv_cache"] = kv_cache_bytes(cfg, w.engine, w.engine_dtype)
@@ -234,11 +241,13 @@ def plan(w: Workload, gpus: int, *, separate_host: bool = True) -> Plan:
 # ------------------------------------------------------------------------------------------------ profile configs
 def _architecture(profile_dir: Path, sft: SftStageConfig) -> MistralConfig:
     if sft.model.moe is not None:
-        raise ConfigError(f"{profile_dir / 'sft.toml'}: [model.moe] is set; align.plan models dense Mistral only")
+        raise ConfigError(f"{profile_dir / 'sft.toml'}: [model.moe] is set; align.plan models dense families only")
     if sft.model.base and (Path(sft.model.base) / "config.json").exists():
         cfg = load_hf_config(sft.model.base)
-        if not isinstance(cfg, MistralConfig):
-            raise ConfigError(f"{sft.model.base}/config.json: not a Mistral config; align.plan models Mistral only")
+        family = family_of_config(cfg)
+        if family.mlp != "dense":  # the activation formula is the dense block's
+            raise ConfigError(f"{sft.model.base}/config.json: a {family.name} model ({family.mlp} MLP); align.plan "
+                              f"models dense families only")
         return cfg
     plan_file = profile_dir / "plan.toml"
     if plan_file.exists():
@@ -246,7 +255,7 @@ def _architecture(profile_dir: Path, sft: SftStageConfig) -> MistralConfig:
     if sft.model.base:
         raise ConfigError(f"{profile_dir / 'sft.toml'}: [model] base {sft.model.base!r} is not on this host and "
                           f"{plan_file} does not give its architecture")
-    return sft.model.init
+    return scratch_config(sft.model.init, sft.model.family)
 
 
 def _micro_tokens(loader, max_len: int) -> int:

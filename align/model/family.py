@@ -128,6 +128,12 @@ def from_scratch(init: MistralConfig, moe: ExpertLayout | None = None, family: s
         if family not in (None, "olmoe"):
             raise CheckpointError(f"[model.moe] makes an OLMoE model; [model] family = {family!r} contradicts it")
         return olmoe_from_layout(init, moe)
-    if family is not None:
-        init = family_named(family, "[model] family").spec.cls(**dataclasses.asdict(init))
+    init = scratch_config(init, family)
     return family_of_config(init).causal_lm(init)
+
+
+def scratch_config(init: MistralConfig, family: str | None = None) -> MistralConfig:
+    """A dense from-scratch model's config: `init`'s shape as `family`'s config class (None: `init` as it is)."""
+    if family is None:
+        return init
+    return family_named(family, "[model] family").spec.cls(**dataclasses.asdict(init))

@@ -10,6 +10,7 @@ line and exit 83 when it does not, exit 2 for a profile without an SFT config.""
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -17,8 +18,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from align.model import MistralConfig, MistralForCausalLM
-from align.plan import (Workload, param_shapes, plan, saved_activation_bytes, shard_numel, workloads)
+from align.model import MistralConfig
+from align.config import load_config
+from align.model.family import FAMILIES, family_of_config, from_scratch
+from align.plan import (Workload, block_numel, param_shapes, plan, saved_activation_bytes, shard_numel, workloads)
+from align.stages.sft import SftStageConfig
 from align.train.optim import OptimizerConfig
 from align.train.parallel import ParallelConfig
 from align.train.sft_loss import SftLossConfig
@@ -33,7 +37,7 @@ SMALL = dict(vocab_size=512, hidden_size=64, intermediate_size=160, num_hidden_l
 
 def _module(cfg: MistralConfig, dtype: str, optimizer: str, ac: bool = False) -> SftTrainModule:
     torch.manual_seed(0)
-    model = MistralForCausalLM(cfg).to(getattr(torch, dtype))
+    model = family_of_config(cfg).causal_lm(cfg).to(getattr(torch, dtype))
     mcfg = TrainModuleConfig(optimizer=OptimizerConfig(name=optimizer, lr=1e-3, weight_decay=0.1),
                              parallel=ParallelConfig(activation_checkpointing=ac))
     return SftTrainModule(model, mcfg, SftLossConfig(chunk_size=32, kernel="torch"), total_steps=1)
@@ -67,6 +71,41 @@ def test_weights_gradients_and_optimizer_state_bytes_are_exact(dtype, optimizer)
     assert p.optimizer_device[optimizer] + p.optimizer_host[optimizer] == _nbytes(state)
     assert {"adamw": 2, "adamw8bit": 0, "offload_adamw": 0}[optimizer] * _nbytes(params) <= \
         p.optimizer_device[optimizer] + 1  # where the state lives: adamw's moments beside the weights, in their dtype
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_the_plan_counts_every_parameter_of_every_family(name):
+    """Qwen 2's q/k/v biases, Qwen 3's q/k norms, OLMoE's router and experts: the plan's count is the real model's,
+    in total and per decoder block (FSDP2's unit, which sizes the gathered-block buffers)."""
+    cfg = FAMILIES[name].spec.cls(**SMALL)
+    torch.manual_seed(0)
+    model = FAMILIES[name].causal_lm(cfg)
+    assert sum(math.prod(s) for s in param_shapes(cfg)) == sum(p.numel() for p in model.parameters())
+    assert block_numel(cfg) == sum(p.numel() for p in model.model.layers[0].parameters())
+
+
+def test_a_from_scratch_profile_is_planned_as_its_family():
+    """configs/qwen3_tiny: [model] family = "qwen3" over [model.init]; the plan counts the model the stage builds."""
+    sft = workloads("qwen3_tiny")[0]
+    built = from_scratch(load_config(ROOT / "configs" / "qwen3_tiny" / "sft.toml", SftStageConfig).model.init,
+                         family="qwen3")
+    assert sum(math.prod(s) for s in param_shapes(sft.model)) == sum(p.numel() for p in built.parameters())
+
+
+@pytest.mark.parametrize("name", [n for n in sorted(FAMILIES) if FAMILIES[n].mlp == "dense" and n != "mistral"])
+def test_other_dense_families_state_bytes_are_exact(name):
+    """The exact-bytes check above on each other dense family's model after a real step (fp32, adamw)."""
+    cfg = FAMILIES[name].spec.cls(**SMALL)
+    module = _module(cfg, "float32", "adamw")
+    batch = _full_batch(2, 16, cfg.vocab_size)
+    module.train_batch(batch, AccumInfo(0, 1, float(module.loss_units(batch)), 1))
+    module.optim_step()
+    params = list(module.model.parameters())
+    state = [v for s in module.optimizer.state.values() for v in s.values() if torch.is_tensor(v)]
+    p = plan(Workload("sft", cfg, "float32", ParallelConfig(), tokens=32, grad_accum=1, head_chunk=32), 1,
+             separate_host=False)
+    assert p.terms["weights"] == _nbytes(params) and p.terms["gradients"] == _nbytes(x.grad for x in params)
+    assert p.optimizer_device["adamw"] + p.optimizer_host["adamw"] == _nbytes(state)
 
 
 def _saved_bytes(module: SftTrainModule, batch: dict) -> int:

@@ -11,7 +11,11 @@ gradients of a fixed random cotangent (losses: of the loss itself). Cases per de
              block and chunk boundary (a vocabulary over one 4096-wide block, several chunks, odd sizes)
 Tolerances (|c - r| <= abs_of_max * max|r| + rel * |r|): fp32 1e-5 / 1e-5 (summation order only), fp16 2e-3 /
 2e-3 and bf16 1.6e-2 / 1.6e-2 (two units in the last place: a product rounded on one side of a tie, a sum of partial
-sums). moe_permute must agree bit for bit in every dtype (gathers and the fixed-order fold)."""
+sums). moe_permute must agree bit for bit in every dtype (gathers and the fixed-order fold).
+
+It lives on the model layer, not in align/kernels: a gate's reference side is the model's torch code
+(align.model.layers' rms_norm / RoPE, align.model.moe's gather_rows / unsort_rows), and align/kernels, the bottom
+layer, may not import align.model (tests/foundation/test_layers.py)."""
 
 from __future__ import annotations
 

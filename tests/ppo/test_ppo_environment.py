@@ -111,3 +111,83 @@ def test_stage_runs_calculator_episodes(tmp_path, monkeypatch):
     rows = read_history(run_dir / "history.jsonl")
     assert [r["step"] for r in rows] == [1, 2] and all(r["completion_len"] <= 12 for r in rows)
     assert "rollout/tool_call_rate" in rows[0] and "rollout/env_turns" in rows[0]
+
+
+def calculator_caller(tok, prompt, turns):
+    """A real small policy (hidden 64, 2 layers, the tiny profile's trimmed vocabulary) fitted by plain CE to one
+    conversation that calls the calculator, so that its episodes do call it: a few seconds of Adam."""
+    from align.model import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(0)
+    model = MistralForCausalLM(MistralConfig(vocab_size=tok.vocab_size, hidden_size=64, intermediate_size=128,
+                                             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                             max_position_embeddings=256, eos_token_id=tok.eos_id, pad_token_id=0))
+    seq = torch.tensor([prompt + [t for turn in turns for t in turn]])
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(150):
+        logits = model(seq)
+        loss = torch.nn.functional.cross_entropy(logits[0, len(prompt) - 1:-1], seq[0, len(prompt):])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return model
+
+
+def test_a_ppo_step_with_the_calculator_masks_its_answers(tmp_path):
+    """The calculator environment as the stage builds it (`episode_runner` on `[environment]`, the tiny tokenizer:
+    inline observations) over a policy that calls it: the calculator's answer tokens are exactly the masked ones,
+    the verifier rewards the completion, and a PPO step runs on it."""
+    import copy
+
+    from align.model.checkpoint import save_checkpoint
+    from align.reward.rm_module import critic_from_policy
+    from align.rl.batch_source import PromptSet
+    from align.rl.curriculum import CurriculumConfig, PromptCurriculum
+    from align.rl.environment import episode_runner
+    from align.rl.ppo.batch_source import PpoBatchSource
+    from align.rl.ppo.gae import GaeConfig
+    from align.rl.ppo.loss import PpoLossConfig
+    from align.rl.ppo.module import PpoTrainModule
+    from align.rl.rewards import CompositeReward, RewardConfig
+    from align.rl.stage_config import DynamicSamplingConfig, EnvironmentConfig, RolloutShape
+    from align.tokenizer import Tokenizer
+    from align.train.optim import OptimizerConfig
+    from align.train.schedulers import SchedulerConfig
+    from align.train.train_module import TrainModuleConfig
+    from rl_fixtures import make_client
+
+    tok = Tokenizer.from_pretrained("mistral-7b-v0.3-tiny")
+    prompt = tok.encode_prompt([{"role": "user", "content": "What is 17 * 23?"}])
+    answer = tok.encode("<result>391</result>\n")
+    model = calculator_caller(tok, prompt, [tok.encode("<calc>17 * 23</calc>\n"), answer,
+                                            tok.encode("The answer is \\boxed{391}.") + [tok.eos_id]])
+    save_checkpoint(model, tmp_path / "start")
+    client = make_client(model)
+    client.engine.max_model_len = 128
+    shape = RolloutShape(prompts=2, samples=2, max_new_tokens=60, num_minibatches=1, micro_batch_size=4,
+                         truncated="keep")
+    ppo = PpoConfig(kl_beta=0.0, critic_warmup_rollouts=0)
+    cfg = TrainModuleConfig(optimizer=OptimizerConfig(lr=1e-3), scheduler=SchedulerConfig(name="constant"))
+    module = PpoTrainModule(copy.deepcopy(model), critic_from_policy(tmp_path / "start", seed=0), cfg,
+                            OptimizerConfig(lr=1e-3), PpoLossConfig(), ppo, shape.temperature, 4, client=client)
+    prompts = PromptSet(ids=lambda r: tuple(prompt), gold=lambda r: "391", groups=["1"] * 4,
+                        meta=lambda r: {"gold": "391"})
+    decode = lambda ids: tok.decode(ids, skip_special_tokens=True)  # noqa: E731
+    source = PpoBatchSource(prompts, client, decode, CompositeReward(RewardConfig(), shape.max_new_tokens),
+                            PromptCurriculum(prompts.groups, CurriculumConfig(), 0, 0, 1), shape,
+                            DynamicSamplingConfig(enabled=False), ppo, GaeConfig(), seed=0, eos_id=tok.eos_id,
+                            policy_version=lambda: module.version, old_scorer=module.score,
+                            value_scorer=module.values,
+                            episodes=episode_runner(EnvironmentConfig(max_turns=2), client, tok, shape))
+    window = next(iter(source))
+    stats = window[0]["stats"]
+    assert stats["rollout/env_samples_with_turns"] == 4 and stats["rollout/env_turns"] == 4  # every episode called
+    mb = window[0]
+    for row in range(mb["completion_ids"].shape[0]):
+        n = int(mb["completion_mask"][row].sum())
+        masked = [t for t, own in zip(mb["completion_ids"][row, :n].tolist(), mb["policy_mask"][row, :n].tolist())
+                  if own == 0]
+        assert masked == answer  # the calculator's answer, and nothing else, out of the loss
+        assert "<calc>17 * 23</calc>" in decode(mb["completion_ids"][row, :n].tolist())
+    assert float(mb["correct"].sum()) == 4 and torch.all(mb["loss_mask"] == mb["completion_mask"] * mb["policy_mask"])
+    assert train_window(module, window) is not None

@@ -154,3 +154,23 @@ def test_tool_turns_train_nothing_and_an_unanswered_turn_ends_the_episode(tok):
         assert masked == tool_turns_for(tok, "auto")("7")
         return
     pytest.fail("no episode ended by its policy within the budget")
+
+
+def test_the_stage_runner_takes_tool_turns_from_the_tokenizer(tok):
+    """`episode_runner` on `[environment]` (what the GRPO and PPO stages call): "auto" on Qwen 3's template gives
+    tool turns after EOS (no newline stops); "inline" gives plain observation tokens after a newline stop."""
+    from align.rl.environment import EpisodeStart, episode_runner
+    from align.rl.stage_config import EnvironmentConfig, RolloutShape
+
+    client = make_client(chatty_policy(tok))
+    client.engine.max_model_len = 256
+    shape = RolloutShape(max_new_tokens=80)
+    prompt = tuple(tok.encode_prompt(QUESTION))
+    starts = [EpisodeStart(prompt, "", {"gold": "391"}, seed=s) for s in range(4)]
+    runner = episode_runner(EnvironmentConfig(max_turns=2), client, tok, shape)
+    assert runner.keywords["tool_turns"] is not None
+    inline = episode_runner(EnvironmentConfig(max_turns=2, observation="inline"), client, tok, shape)
+    assert inline.keywords["tool_turns"] is None and inline.keywords["newline_ids"]
+    for ep in runner(starts):  # the calculator answers nothing here: each episode is one turn, ended by EOS
+        assert ep.turns == 0 and set(ep.policy_mask) <= {1.0}
+        assert ep.finish_reason == "length" or ep.completion_ids[-1] == tok.eos_id

@@ -61,9 +61,13 @@ def _trained_policy(out: Path) -> Path:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
+        # the head only on the labelled positions: the same loss (the others' logits get no gradient), without the
+        # [rows, width, 32768] logits of every prompt and padding position
+        targets = labels[:, 1:]
+        labelled = targets != -100
         for _ in range(80):
-            logits = model(ids)
-            loss = F.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten())
+            hidden = model.forward_hidden(ids)[:, :-1][labelled]
+            loss = F.cross_entropy(model.lm_head(hidden), targets[labelled])
             opt.zero_grad()
             loss.backward()
             opt.step()

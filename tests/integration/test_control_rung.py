@@ -66,7 +66,7 @@ def test_without_control_toml_there_is_no_control_and_the_default_ladder_is_the_
     assert default == with_control
 
 
-@pytest.mark.parametrize("profile", ["smoke"])
+@pytest.mark.parametrize("profile", ["smoke", "tiny"])
 def test_control_toml_continues_the_sft_recipe_from_grpos_start(profile):
     configs = REPO / "configs" / profile
     control = load_config(configs / "control.toml", SftStageConfig)

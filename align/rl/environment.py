@@ -18,9 +18,10 @@ request with a seed derived from (episode seed, segment), so an episode is a pur
 result marks every token: 1 for the policy's own (they train), 0 for the environment's (never trained: the policy did
 not choose them; their log-probs are 0; the batch's `policy_mask` keeps them out of the per-token statistics,
 entropy and rho, too). The KV cache is kept across turns: each continuation is a new request for prompt + everything
-so far, and the engine's prefix cache, which also keeps the blocks a turn filled while decoding
-(align.inference.block_manager `cache_generated`), serves all of it but the last partial block, so a turn is not
-prefilled again (tests/rl/test_env_cache.py: the same episodes bitwise, fewer tokens computed).
+so far, and the engine's prefix cache, which also keeps the blocks a turn filled while decoding and a finished
+turn's partial last block (align.inference.block_manager `cache_generated`), serves all of it: only the previous
+turn's last sampled token and the observation are prefilled, exactly what one sequence kept for the episode would
+compute (tests/rl/test_env_cache.py: the same episodes bitwise, that token count).
 
 `CalculatorEnv`: a line holding `<calc>EXPR</calc>` is answered with `<result>VALUE</result>` (integer and decimal
 arithmetic: + - * / // % ** and parentheses, exact by fractions, bounded; anything else `<result>error</result>`);
@@ -28,8 +29,8 @@ the reward is the verifier's verdict of the completion against the row's gold.
 
 GRPO drives it with `[environment]` (align.rl.stage_config.EnvironmentConfig; align.rl.batch_source
 `_generate_episodes`: G episodes per prompt, all advanced together, rewarded by the [reward] terms on the whole
-completion). What this is not yet: the last partial KV block of each turn (under block_size tokens) is recomputed
-(a kept sequence would not), and no rung trains a policy to call the calculator."""
+completion). What this is not yet: a rung that trains a policy to call the calculator; and the kept cache is the
+engine's (a turn's partial block goes to one continuation: the G episodes of a prompt share only full blocks)."""
 
 from __future__ import annotations
 

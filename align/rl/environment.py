@@ -13,8 +13,8 @@ completion tokens (policy + observation). Two ways an observation enters (align.
 observation`): as a tool-result turn of the chat template (`tool_turns` given: a segment is the policy's whole turn,
 up to its end-of-turn token (EOS); a turn the environment answers is followed by the template's tool turn and the
 next assistant header, one with no answer ends the episode), or inline (a segment ends at EOS, which ends the
-episode, or at a newline token: a tool call is one line; the observation's plain tokens follow it). Each segment is its own
-request with a seed derived from (episode seed, segment), so an episode is a pure function of the weights. The
+episode, or at a newline token: a tool call is one line; the observation's plain tokens follow it). Each segment is
+its own request with a seed derived from (episode seed, segment), so an episode is a pure function of the weights. The
 result marks every token: 1 for the policy's own (they train), 0 for the environment's (never trained: the policy did
 not choose them; their log-probs are 0; the batch's `policy_mask` keeps them out of the per-token statistics,
 entropy and rho, too). The KV cache is kept across turns: each continuation is a new request for prompt + everything

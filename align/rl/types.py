@@ -29,9 +29,10 @@ from dataclasses import dataclass
 from align.rl.rewards import SampleReward
 
 TOKEN_KEYS = ("completion_ids", "completion_mask", "loss_mask", "rollout_logprobs", "old_logprobs", "ref_logprobs",
-              "old_values", "returns", "token_advantages", "step_advantages", "policy_mask")  # old_values .. token_advantages:
-# PPO's per-token critic terms (align.rl.ppo.batch_source: the critic's values at the rollout, GAE's returns and
-# advantages, (N, C) float32); step_advantages: GRPO's step credit (align.rl.step_credit), added to `advantages`
+              "old_values", "returns", "token_advantages", "step_advantages", "policy_mask")
+# old_values .. token_advantages: PPO's per-token critic terms (align.rl.ppo.batch_source: the critic's values at the
+# rollout, GAE's returns and advantages, (N, C) float32); step_advantages: GRPO's step credit (align.rl.step_credit),
+# added to `advantages`; policy_mask: multi-turn only (the layout above)
 ROW_KEYS = ("completion_start", "advantages", "rewards", "correct", "truncated", "weight_version", "prompt_row")
 
 

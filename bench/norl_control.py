@@ -61,11 +61,17 @@ def steps(layout: Layout, task: str) -> int:
 
 
 def calibration(layout: Layout, with_control: bool) -> dict:
-    """max_steps for the control that spends GRPO's CPU seconds, at SFT's (and the control's own) CPU per step."""
+    """max_steps for the control that spends GRPO's CPU seconds, at SFT's and (once it ran) the control's own CPU
+    seconds per step. Beside the control, an SFT receipt without cpu_s (built before receipts had it) only leaves
+    its keys out: the control's own cost is the measure then."""
     grpo = cpu_s(layout, "grpo_checkpoint")
-    per_step = cpu_s(layout, "sft_checkpoint") / steps(layout, "sft_checkpoint")
-    out = {"grpo_cpu_s": grpo, "sft_cpu_s_per_step": round(per_step, 4),
-           "max_steps_at_sft_cost": round(grpo / per_step)}
+    out: dict = {"grpo_cpu_s": grpo}
+    try:
+        per_step = cpu_s(layout, "sft_checkpoint") / steps(layout, "sft_checkpoint")
+        out.update(sft_cpu_s_per_step=round(per_step, 4), max_steps_at_sft_cost=round(grpo / per_step))
+    except ArtifactError:
+        if not with_control:
+            raise
     if with_control:
         own = cpu_s(layout, "control_checkpoint") / steps(layout, "control_checkpoint")
         out.update(control_cpu_s_per_step=round(own, 4), max_steps_at_control_cost=round(grpo / own))

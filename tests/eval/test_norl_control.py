@@ -122,6 +122,16 @@ def test_cpu_seconds_ratio_and_calibration_come_from_the_receipts(project):
         "grpo_cpu_s": 600.0, "sft_cpu_s_per_step": 0.5, "max_steps_at_sft_cost": 1200}}
 
 
+def test_an_sft_receipt_without_cpu_seconds_leaves_the_controls_own_calibration(project):
+    root, runs = project[0], project[1]
+    _receipt(runs, "sft_checkpoint", {"steps": 640})  # built before receipts carried cpu_s
+    out = json.loads(_bench(root).stdout)
+    assert out["calibration"] == {"grpo_cpu_s": 600.0, "control_cpu_s_per_step": 0.55,
+                                  "max_steps_at_control_cost": 1091}
+    proc = _bench(root, "--calibrate")  # before the control ran, SFT's cost is the only measure: required
+    assert proc.returncode == 2 and "sft_checkpoint.json: no positive cpu_s" in proc.stderr
+
+
 def test_missing_receipt_is_one_line_naming_it(project):
     root, runs = project[0], project[1]
     (runs / "receipts" / "golden_eval-control.json").unlink()

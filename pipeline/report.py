@@ -39,6 +39,7 @@ CURVES = {  # training rung -> history columns worth a curve (those present are 
     "dpo_checkpoint": ("loss", "rewards/margin", "rewards/accuracy", *INLOOP, *MOE),
     "rm_checkpoint": ("loss", "rewards/accuracy", "rewards/margin"),
     "grpo_checkpoint": ("loss", "reward_mean", *INLOOP, *MOE),
+    "control_checkpoint": ("loss", *INLOOP, *MOE),  # the no-RL control (extra): more SFT for GRPO's CPU seconds
     "ppo_checkpoint": ("loss", "reward_mean", "value_loss", "explained_variance", *INLOOP, *MOE),
 }
 

@@ -26,6 +26,7 @@ def _run(*args: str, tmp: Path) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=900)
 
 
+@pytest.mark.slow  # ~50 s of subprocesses loading torch, transformers and the Triton interpreter: the slow tier
 @needs_triton
 def test_dry_run_runs_every_step_and_writes_one_report(tmp_path):
     proc = _run("--dry-run", tmp=tmp_path)

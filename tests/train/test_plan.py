@@ -159,6 +159,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
                           timeout=300)
 
 
+@pytest.mark.slow  # ~30 s of CLI subprocesses; the plan's numbers are tested in-process above
 def test_cli_fits_refuses_and_reports():
     ok = _cli("--profile", "mistral7b", "--gpus", "4", "--gpu-mem", "80", "--json")
     assert ok.returncode == 0, ok.stderr

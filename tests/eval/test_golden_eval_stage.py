@@ -3,8 +3,6 @@ regression through an explicit accept, and a changed checkpoint reported with a 
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import shutil
 
@@ -12,16 +10,14 @@ import pytest
 import torch
 
 from align.eval.golden import accept
-from align.exit_codes import run_with_exit_codes
 from align.inference import EngineConfig
 from align.inference.product_kernels import resolve_linear_kernel
 from align.inference.paged_attention import resolve_cpu_kernels
-from align.stages import golden_eval
 from align.model.checkpoint import checkpoint_content_hash
 from align.utils.manifest import read_manifest
-from eval_fixtures import answer_model, build_eval_shards, save
+from eval_fixtures import answer_model, save
+from golden_eval_project import run_golden_eval
 
-GOLDS = ["7", "3", "7", "12", "7", "4"]
 CONFIG = """
 [checkpoints]
 sft = "sft_checkpoint/final"
@@ -47,33 +43,14 @@ anchors = "configs/smoke/golden"
 
 
 @pytest.fixture(scope="module")
-def project(tmp_path_factory):
-    root = tmp_path_factory.mktemp("proj")
-    runs = root / "runs" / "smoke"
-    build_eval_shards(root, runs / "shards" / "eval" / "out", GOLDS)
-    save(answer_model(r"The answer is \boxed{7}."), runs / "sft_checkpoint" / "final")
-    (root / "configs" / "smoke").mkdir(parents=True)
-    (root / "configs" / "smoke" / "golden_eval.toml").write_text(CONFIG)
-    return root
+def project(eval_project):
+    (eval_project / "configs" / "smoke" / "golden_eval.toml").write_text(CONFIG)
+    return eval_project
 
 
 def _eval(root, stage: str) -> tuple[int, dict, str]:
-    """(exit code, metrics.json, what the worker printed): the worker's main() in this process, with the
-    launcher's environment and command line (the doit path is tests/integration's)."""
-    runs = root / "runs" / "smoke"
-    run_dir = runs / "golden_eval" / stage
-    argv = ["align.stages.golden_eval", "--config", str(root / "configs/smoke/golden_eval.toml"), f"stage={stage}"]
-    env = {"ALIGN_RUNS_DIR": str(runs), "ALIGN_RUN_DIR": str(run_dir), "ALIGN_ROOT": str(root)}
-    out, threads = io.StringIO(), torch.get_num_threads()
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("sys.argv", argv)
-        for k, v in env.items():
-            mp.setenv(k, v)
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
-            code = run_with_exit_codes(golden_eval.main)
-    torch.set_num_threads(threads)
-    metrics = json.loads((run_dir / "metrics.json").read_text()) if code == 0 else {}
-    return code, metrics, out.getvalue()
+    """(exit code, metrics.json, what the worker printed) of golden_eval:<stage> under CONFIG."""
+    return run_golden_eval(root, root / "configs" / "smoke" / "golden_eval.toml", stage)
 
 
 def test_metrics_outputs_and_golden_regression(project):

@@ -5,26 +5,18 @@ input naming its key."""
 
 from __future__ import annotations
 
-import contextlib
-import io
-import json
 import re
 
 import pytest
-import torch
 
 from align.config import load_config
 from align.exceptions import ConfigError
-from align.exit_codes import run_with_exit_codes
-from align.stages import golden_eval
 from align.stages.golden_eval import GoldenEvalStageConfig
-from eval_fixtures import answer_model, build_eval_shards, save
+from golden_eval_project import run_golden_eval
 from pipeline import report
 from pipeline.layout import Layout, Project
 from pipeline.receipts import read_metrics, write_receipt
 
-# answers "7" to everything: accuracy 3/6 = 0.5, and 0.5 on each level (levels 1, 2, 3 cycle over the rows)
-GOLDS = ["7", "3", "7", "12", "7", "4"]
 BASE = """
 [checkpoints]
 sft = "sft_checkpoint/final"
@@ -50,33 +42,15 @@ SOURCE = "2 test runs, this file"
 
 
 @pytest.fixture(scope="module")
-def project(tmp_path_factory):
-    root = tmp_path_factory.mktemp("proj")
-    runs = root / "runs" / "smoke"
-    build_eval_shards(root, runs / "shards" / "eval" / "out", GOLDS)
-    save(answer_model(r"The answer is \boxed{7}."), runs / "sft_checkpoint" / "final")
-    (root / "configs").mkdir()
-    return root
+def project(eval_project):
+    return eval_project
 
 
 def _eval(root, outcome: str) -> tuple[int, dict, str]:
     """(exit code, metrics.json, what the worker printed) of golden_eval:sft under BASE plus `outcome`."""
-    config = root / "configs" / "golden_eval.toml"
+    config = root / "configs" / "smoke" / "golden_eval.toml"
     config.write_text(BASE + outcome)
-    runs = root / "runs" / "smoke"
-    run_dir = runs / "golden_eval" / "sft"
-    (run_dir / "metrics.json").unlink(missing_ok=True)
-    argv = ["align.stages.golden_eval", "--config", str(config), "stage=sft"]
-    out, threads = io.StringIO(), torch.get_num_threads()
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("sys.argv", argv)
-        for k, v in {"ALIGN_RUNS_DIR": str(runs), "ALIGN_RUN_DIR": str(run_dir), "ALIGN_ROOT": str(root)}.items():
-            mp.setenv(k, v)
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
-            code = run_with_exit_codes(golden_eval.main)
-    torch.set_num_threads(threads)
-    metrics = json.loads((run_dir / "metrics.json").read_text()) if code == 0 else {}
-    return code, metrics, out.getvalue()
+    return run_golden_eval(root, config, "sft")
 
 
 def _band(lo: float, hi: float, groups: str = "") -> str:
@@ -137,7 +111,7 @@ def test_a_level_above_its_band_and_none_below_is_an_improvement(project):
      "[<top>] outcome.ppo: 'ppo' is not a key of [checkpoints] (known: sft, dpo)"),
 ])
 def test_a_bad_band_is_bad_input_naming_its_key(project, outcome, said):
-    config = project / "configs" / "bad.toml"
+    config = project / "configs" / "smoke" / "bad.toml"
     config.write_text(BASE + outcome)
     with pytest.raises(ConfigError) as err:
         load_config(config, GoldenEvalStageConfig)

@@ -5,15 +5,9 @@ and exactly the tokens one sequence kept for the whole episode would compute."""
 
 from __future__ import annotations
 
-import copy
-
 import pytest
-import torch
 
-from align.inference import EngineConfig
-from align.model import MistralConfig, MistralForCausalLM
-from align.rl.environment import EnvStep, EpisodeStart, run_episodes
-from align.rollout import RolloutConfig, make_rollout_client
+from align.rl.environment import EpisodeStart, run_episodes
 
 VOCAB, EOS = 64, 2
 STOPS = tuple(range(4, VOCAB, 5))  # "newlines": a turn ends at one of these (greedy and sampled episodes both run
@@ -23,38 +17,26 @@ STOPS = tuple(range(4, VOCAB, 5))  # "newlines": a turn ends at one of these (gr
 STARTS = [EpisodeStart(tuple(range(20, 20 + 3 + i)), "", {}, seed=i) for i in range(6)]
 
 
-class Answers:
-    """Answers every turn with 7 plain tokens (a tool's output)."""
+@pytest.fixture(scope="module")
+def episodes(tiny_policy, episode_client, answering_env):
+    """episodes(keep, temperature) -> (episodes, engine stats): the random policy's episodes, each turn answered with
+    7 plain tokens (a tool's output), with the kept cache on or off."""
+    policy = tiny_policy(VOCAB, EOS, hidden_size=64, num_hidden_layers=2, max_position_embeddings=512)
+    answers = answering_env("30 31 32 33 34 35 36")
 
-    def reset(self, prompt, meta):
-        pass
+    def run(keep: bool, temperature: float):
+        client = episode_client(policy, max_model_len=512, block_size=16)
+        client.engine.block_manager.cache_generated = keep
+        eps = run_episodes(client, STARTS, answers, encode=lambda text: [int(t) for t in text.split()],
+                           decode=lambda ids: " ".join(map(str, ids)), eos_id=EOS, newline_ids=STOPS,
+                           temperature=temperature, max_tokens=200, max_turns=5)
+        return eps, client.engine.stats
 
-    def step(self, text):
-        return EnvStep("30 31 32 33 34 35 36")
-
-    def reward(self, completion):
-        return 0.0
-
-
-def model() -> MistralForCausalLM:
-    torch.manual_seed(0)
-    return MistralForCausalLM(MistralConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128,
-                                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                            max_position_embeddings=512, eos_token_id=EOS))
-
-
-def episodes(keep: bool, temperature: float):
-    client = make_rollout_client(RolloutConfig(engine=EngineConfig(block_size=16, max_model_len=512)),
-                                 copy.deepcopy(model()))
-    client.engine.block_manager.cache_generated = keep
-    eps = run_episodes(client, STARTS, Answers, encode=lambda text: [int(t) for t in text.split()],
-                       decode=lambda ids: " ".join(map(str, ids)), eos_id=EOS, newline_ids=STOPS,
-                       temperature=temperature, max_tokens=200, max_turns=5)
-    return eps, client.engine.stats
+    return run
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_kept_cache_gives_the_same_episodes_and_prefills_less(temperature):
+def test_kept_cache_gives_the_same_episodes_and_prefills_less(episodes, temperature):
     kept, with_cache = episodes(True, temperature)
     again, without = episodes(False, temperature)
     assert kept == again  # tokens, masks, log-probs, finish reasons: bitwise

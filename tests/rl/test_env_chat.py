@@ -11,11 +11,10 @@ import pytest
 import torch
 
 from align.exceptions import ConfigError
-from align.model import MistralConfig, MistralForCausalLM
+from align.model import MistralForCausalLM
 from align.rl.env_chat import ToolTurns, tool_turns_for
 from align.rl.environment import EnvStep, run_episode
 from align.tokenizer import Tokenizer
-from rl_fixtures import make_client
 
 ROOT = Path(__file__).resolve().parents[2]
 QWEN3_TINY = ROOT / "assets" / "tokenizer" / "qwen3-tiny"
@@ -27,29 +26,21 @@ def tok():
     return Tokenizer.from_pretrained(str(QWEN3_TINY))
 
 
-class Answers:
-    """A real (trivial) environment: every turn the policy ends gets the same tool output."""
-
-    def reset(self, prompt, meta):
-        pass
-
-    def step(self, text):
-        return EnvStep("<result>391</result>\n")
-
-    def reward(self, completion):
-        return 0.0
+TOOL_OUTPUT = "<result>391</result>\n"  # a real (trivial) environment: every turn the policy ends gets it
 
 
-def chatty_policy(tok, seed: int = 0) -> MistralForCausalLM:
+@pytest.fixture(scope="module")
+def tool_env(answering_env):
+    return answering_env(TOOL_OUTPUT)
+
+
+@pytest.fixture(scope="module")
+def chatty_policy(tok, tiny_policy) -> MistralForCausalLM:
     """A tiny random policy over the tokenizer's vocabulary that ends its turn often (EOS about a third of the time)
     and writes plain ASCII words otherwise: embedding dimension 0 is a large constant, so after the final norm it is
     about +sqrt(d) at every position, and the head's column 0 gives EOS +1 there and every token that is not plain
     printable ASCII -3 (never sampled in practice: their text would not survive a decode / re-render round trip)."""
-    torch.manual_seed(seed)
-    cfg = MistralConfig(vocab_size=tok.vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                        eos_token_id=tok.eos_id)
-    model = MistralForCausalLM(cfg)
+    model = tiny_policy(tok.vocab_size, tok.eos_id, hidden_size=32, num_hidden_layers=1, max_position_embeddings=256)
     with torch.no_grad():
         model.model.embed_tokens.weight[:, 0] = 4.0
         column = torch.full((tok.vocab_size,), -3.0)
@@ -62,9 +53,15 @@ def chatty_policy(tok, seed: int = 0) -> MistralForCausalLM:
     return model
 
 
-def run(tok, client, seed, max_turns=3, max_tokens=120):
+@pytest.fixture
+def client(chatty_policy, episode_client):
+    """A fresh engine on a copy of the chatty policy (nothing cached from another test)."""
+    return episode_client(chatty_policy, max_model_len=256, block_size=4)
+
+
+def run(tok, client, env, seed, max_turns=3, max_tokens=120):
     prompt = tok.encode_prompt(QUESTION)
-    return prompt, run_episode(client, tuple(prompt), Answers(), prompt="", meta={}, encode=tok.encode,
+    return prompt, run_episode(client, tuple(prompt), env, prompt="", meta={}, encode=tok.encode,
                                decode=lambda ids: tok.decode(ids, skip_special_tokens=True), eos_id=tok.eos_id,
                                newline_ids=(), temperature=1.0, max_tokens=max_tokens, max_turns=max_turns,
                                seed=seed, tool_turns=tool_turns_for(tok, "tool_turn"))
@@ -98,18 +95,16 @@ def test_a_format_without_tool_turns_stays_inline_or_is_refused():
 
 
 @pytest.mark.oracle
-def test_episodes_read_what_apply_chat_template_renders(tok):
+def test_episodes_read_what_apply_chat_template_renders(tok, client, tool_env):
     """Every policy turn ends with EOS and is answered; the episode's prompt + completion through its last tool turn
     is, as text and as ids, transformers' rendering of [user, (assistant, tool) x turns] with the generation prompt;
     the tool turns (and only they) have policy_mask 0 and log-prob 0."""
     from transformers import PreTrainedTokenizerFast
 
     hf = PreTrainedTokenizerFast.from_pretrained(str(QWEN3_TINY))
-    client = make_client(chatty_policy(tok))
-    client.engine.max_model_len = 256
     checked = 0
     for seed in range(6):
-        prompt, ep = run(tok, client, seed)
+        prompt, ep = run(tok, client, tool_env(), seed)
         runs = segments(ep)
         messages, ids = list(QUESTION), list(ep.completion_ids)
         for start, end, m in runs:
@@ -130,8 +125,8 @@ def test_episodes_read_what_apply_chat_template_renders(tok):
     assert checked >= 4
 
 
-def test_tool_turns_train_nothing_and_an_unanswered_turn_ends_the_episode(tok):
-    class Once(Answers):
+def test_tool_turns_train_nothing_and_an_unanswered_turn_ends_the_episode(tok, client, tool_env):
+    class Once(tool_env):
         def __init__(self):
             self.n = 0
 
@@ -139,8 +134,6 @@ def test_tool_turns_train_nothing_and_an_unanswered_turn_ends_the_episode(tok):
             self.n += 1
             return EnvStep("7" if self.n == 1 else "")
 
-    client = make_client(chatty_policy(tok))
-    client.engine.max_model_len = 256
     prompt = tok.encode_prompt(QUESTION)
     for seed in range(4):
         ep = run_episode(client, tuple(prompt), Once(), prompt="", meta={}, encode=tok.encode,
@@ -156,14 +149,12 @@ def test_tool_turns_train_nothing_and_an_unanswered_turn_ends_the_episode(tok):
     pytest.fail("no episode ended by its policy within the budget")
 
 
-def test_the_stage_runner_takes_tool_turns_from_the_tokenizer(tok):
+def test_the_stage_runner_takes_tool_turns_from_the_tokenizer(tok, client):
     """`episode_runner` on `[environment]` (what the GRPO and PPO stages call): "auto" on Qwen 3's template gives
     tool turns after EOS (no newline stops); "inline" gives plain observation tokens after a newline stop."""
     from align.rl.environment import EpisodeStart, episode_runner
     from align.rl.stage_config import EnvironmentConfig, RolloutShape
 
-    client = make_client(chatty_policy(tok))
-    client.engine.max_model_len = 256
     shape = RolloutShape(max_new_tokens=80)
     prompt = tuple(tok.encode_prompt(QUESTION))
     starts = [EpisodeStart(prompt, "", {"gold": "391"}, seed=s) for s in range(4)]

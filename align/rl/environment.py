@@ -23,18 +23,26 @@ turn's partial last block (align.inference.block_manager `cache_generated`), ser
 turn's last sampled token and the observation are prefilled, exactly what one sequence kept for the episode would
 compute (tests/rl/test_env_cache.py: the same episodes bitwise, that token count).
 
-`CalculatorEnv`: a line holding `<calc>EXPR</calc>` is answered with `<result>VALUE</result>` (integer and decimal
-arithmetic: + - * / // % ** and parentheses, exact by fractions, bounded; anything else `<result>error</result>`);
-the reward is the verifier's verdict of the completion against the row's gold.
+`CalculatorEnv`: a segment holding `<calc>EXPR</calc>` (the inline form), or a tool call in the Hugging Face / Qwen
+layout `<tool_call>{"name": "calculator", "arguments": {"expression": "EXPR"}}</tool_call>` (what a chat template
+renders for an assistant turn's `tool_calls`; the calc_tiny profile's SFT data, align.data.calctask), is answered with
+`<result>VALUE</result>` (integer and decimal arithmetic: + - * / // % ** and parentheses, exact by fractions,
+bounded; a call that does not parse, another tool's name or anything else `<result>error</result>`); the last call of
+a segment is the one answered. `calls` / `failed` count the episode's calls and those answered `error` (the
+evaluation's parse rate, align.rl.env_eval); the reward is the verifier's verdict of the completion against the
+row's gold.
 
 GRPO drives it with `[environment]` (align.rl.stage_config.EnvironmentConfig; align.rl.batch_source
 `_generate_episodes`: G episodes per prompt, all advanced together, rewarded by the [reward] terms on the whole
-completion). What this is not yet: a rung that trains a policy to call the calculator; and the kept cache is the
-engine's (a turn's partial block goes to one continuation: the G episodes of a prompt share only full blocks)."""
+completion). The `calc_tiny` profile is the rung where GRPO learns to call it (configs/calc_tiny/, align.data.calctask;
+its receipt's before/after evaluation runs greedy episodes through the environment, align.rl.env_eval). The kept
+cache is the engine's (a turn's partial block goes to one continuation: the G episodes of a prompt share only full
+blocks)."""
 
 from __future__ import annotations
 
 import ast
+import json
 import re
 from dataclasses import dataclass
 from fractions import Fraction
@@ -50,6 +58,8 @@ from align.rl.env_chat import tool_turns_for
 from align.rl.ppo.process_rewards import newline_token_ids
 
 CALL = re.compile(r"<calc>(.*?)</calc>", re.DOTALL)
+TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+TOOL_NAME = "calculator"  # the function name a `<tool_call>` must give
 MAX_DIGITS = 60  # a value with more digits (numerator or denominator) is an error, not a bignum computation
 
 
@@ -110,24 +120,44 @@ def show(value: Fraction) -> str:
     return f"{float(value):.6f}".rstrip("0").rstrip(".")
 
 
+def call_expression(text: str) -> str | None:
+    """The expression of the last call in `text` (`<calc>` or a calculator `<tool_call>`), "" for a call that does
+    not parse, None when `text` makes no call."""
+    last = max((m for pattern in (CALL, TOOL_CALL) for m in pattern.finditer(text)), key=lambda m: m.start(),
+               default=None)
+    if last is None:
+        return None
+    if last.re is CALL:
+        return last.group(1)
+    try:
+        call = json.loads(last.group(1).strip())
+        args = call.get("arguments") if isinstance(call, dict) and call.get("name") == TOOL_NAME else None
+        args = json.loads(args) if isinstance(args, str) else args
+    except (ValueError, AttributeError):  # not JSON, or arguments' text not JSON
+        return ""
+    expr = args.get("expression") if isinstance(args, dict) else None
+    return expr if isinstance(expr, str) else ""
+
+
 class CalculatorEnv:
     """The calculator tool over one episode (module doc)."""
 
     def __init__(self, verifier: Callable = score):
-        self.verifier, self.gold, self.calls = verifier, "", 0
+        self.verifier, self.gold, self.calls, self.failed = verifier, "", 0, 0
 
     def reset(self, prompt: str, meta: dict) -> None:
-        self.gold, self.calls = str(meta.get("gold", "")), 0
+        self.gold, self.calls, self.failed = str(meta.get("gold", "")), 0, 0
 
     def step(self, text: str) -> EnvStep:
-        found = CALL.findall(text)
-        if not found:
+        expr = call_expression(text)
+        if expr is None:
             return EnvStep()
         self.calls += 1
         try:
-            result = show(calculate(found[-1]))
+            result = show(calculate(expr))
         except (ValueError, ZeroDivisionError, OverflowError):
             result = "error"
+        self.failed += result == "error"
         return EnvStep(f"<result>{result}</result>\n")
 
     def reward(self, completion: str) -> float:
@@ -234,15 +264,21 @@ def run_episode(client: RolloutClient, prompt_ids: tuple[int, ...], env: Environ
 ENVIRONMENTS: dict[str, Callable[[], Environment]] = {"calculator": CalculatorEnv}
 
 
+def episode_kwargs(cfg, tok, shape) -> dict:
+    """run_episodes' keyword arguments for `[environment]` `cfg` over `tok` (all but the client, the environment
+    factory and the temperature): observations as tool-result turns of the tokenizer's chat template
+    (`observation`, align.rl.env_chat), else inline: segments end at EOS or a newline token of the tokenizer,
+    observations encoded without special tokens. The rollouts' and the greedy evaluation's (align.rl.env_eval)."""
+    newline = tuple(int(i) for i in newline_token_ids(tok).nonzero().flatten().tolist())
+    return dict(encode=lambda text: tok.encode(text), decode=lambda ids: tok.decode(ids, skip_special_tokens=True),
+                eos_id=tok.eos_id, newline_ids=newline, max_tokens=cfg.max_tokens or shape.max_new_tokens,
+                max_turns=cfg.max_turns, tool_turns=tool_turns_for(tok, cfg.observation))
+
+
 def episode_runner(cfg, client: RolloutClient, tok, shape) -> EpisodeRunner | None:
     """The batch source's runner for `[environment]` (align.rl.stage_config.EnvironmentConfig), None without one:
-    observations as tool-result turns of the tokenizer's chat template (`observation`, align.rl.env_chat), else
-    inline: segments end at EOS or a newline token of the tokenizer, observations encoded without special tokens."""
+    `episode_kwargs` at the rollout's temperature."""
     if cfg is None:
         return None
-    newline = tuple(int(i) for i in newline_token_ids(tok).nonzero().flatten().tolist())
-    return partial(run_episodes, client, make_env=ENVIRONMENTS[cfg.name], encode=lambda text: tok.encode(text),
-                   decode=lambda ids: tok.decode(ids, skip_special_tokens=True), eos_id=tok.eos_id,
-                   newline_ids=newline, temperature=shape.temperature,
-                   max_tokens=cfg.max_tokens or shape.max_new_tokens, max_turns=cfg.max_turns,
-                   tool_turns=tool_turns_for(tok, cfg.observation))
+    return partial(run_episodes, client, make_env=ENVIRONMENTS[cfg.name], temperature=shape.temperature,
+                   **episode_kwargs(cfg, tok, shape))

@@ -7,7 +7,8 @@ Reads `<runs>/<data.start>` (the policy's initial weights: the DPO checkpoint, o
 the align Engine on its own copy of the weights (`data.engine_dtype`), updated in memory after every optimizer step.
 Before training and after it, greedy verifier-judged accuracy on the held-out prompts: `<run_dir>/metrics.json`
 (the receipt's metrics) holds both, their difference, and the reward curve's first and last stretch from
-`history.jsonl`. Publishes `<run_dir>/final/` (HF format). Resumes from `<run_dir>/checkpoints/` like every Trainer
+`history.jsonl`; with `[environment]` these are greedy episodes through the environment, and metrics.json's
+`environment` block adds the tool-call rate, calls, parse rate before and after (align.rl.env_eval). Publishes `<run_dir>/final/` (HF format). Resumes from `<run_dir>/checkpoints/` like every Trainer
 stage. `<runs>` is $ALIGN_RUNS_DIR under the pipeline, else runs/tiny."""
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from align.rl.curriculum import PromptCurriculum
 from align.rl.grpo_module import GrpoTrainModule
 from align.rl.report import fit_with_receipt, receipt_evals
 from align.rl.environment import episode_runner
+from align.rl.env_eval import add_env_receipt, env_receipt_evals
 from align.rl.reward_models import build_reward
 from align.rl.stage_config import GrpoStageConfig
 from align.rl.stage_inputs import open_rl_stage
@@ -83,6 +85,8 @@ def main() -> int:
         skip_rows=row_rule(cfg.loss, cfg.moe_aux.coefficients("grpo")), step_credit=cfg.step_credit,
         episodes=episode_runner(cfg.environment, client, tok, cfg.shape))  # [environment]: multi-turn; else None
     evals = receipt_evals(cfg.data, client, heldout, prompts, decode, tok.eos_id)
+    if cfg.environment is not None:  # the policy's episodes, not its first turn (align.rl.env_eval)
+        evals = env_receipt_evals(cfg, evals, client, tok, PromptSet.from_shards(heldout), prompt_set)
     before = evals()
     n_params = sum(p.numel() for p in module.model.parameters())
     callbacks = [SpeedMonitor(n_params), HealthCallback(module.health),
@@ -97,6 +101,8 @@ def main() -> int:
     code = fit_with_receipt(trainer, evals, before, checkpoint_content_hash(start), run_dir, "grpo")
     if code != 0:
         return code
+    if cfg.environment is not None and rank() == 0:  # tool-call rate, calls, parse rate before/after
+        add_env_receipt(run_dir, evals, "grpo")
     publish_final(trainer, cfg.lora, run_dir / "final", tokenizer_dir=tokenizer_dir_for(start),
                   inputs=inputs)  # collective
     return 0

@@ -3,19 +3,25 @@
 Two passes over the eval split (a prompt shard set: prompt ids ending after `[/INST]`, gold answer beside them):
 greedy (one response per problem: accuracy, format, length, truncation) and sampled (n responses per problem at
 a temperature, each with its own seed derived from the run seed, the row and the sample index, so a sample does
-not depend on what else is in the batch: pass@k). Decoding stops at the tokenizer's end-of-sequence token."""
+not depend on what else is in the batch: pass@k). Decoding stops at the tokenizer's end-of-sequence token.
+
+Answers are judged with the evaluation set's own verifier settings (`verify_settings`: what a registered eval set of
+align.data.evalsets declares, GSM8K's "25 or 0.25 for 25%" and every set's numeric-vs-exact tolerance), the RL
+reward's (REWARD_CONFIG) only for a split that names no registered set."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Sequence
 
+from align.data.evalsets import get_evalset
 from align.data.store import ShardSet
 from align.eval.metrics import Judged
 from align.eval.verifier import score
 from align.inference.config import SamplingParams
 from align.inference.engine import Engine
 from align.inference.sequence import GenerationRequest, derive_seed
+from align.verify.config import REWARD_CONFIG, VerifyConfig
 
 
 @dataclass(frozen=True)
@@ -92,9 +98,18 @@ def decode(engine: Engine, tokenizer, problems: Sequence[Problem], params: Sampl
     return out
 
 
-def judge(decoded: Decoded) -> tuple[Judged, dict]:
-    """The verifier's verdict as a metrics record, and the JSON row written to samples.jsonl."""
-    verdict = score(decoded.text, decoded.problem.gold)
+def verify_settings(evalset: str) -> VerifyConfig:
+    """How answers on eval set `evalset` are judged: the settings its registration declares (align.data.evalsets;
+    an unknown name is a ConfigError listing the registered ones); "" (a split of the profile's own data, no
+    registered set): the RL reward's, so a bundled-task eval judges as its GRPO reward does."""
+    return get_evalset(evalset).verify if evalset else REWARD_CONFIG
+
+
+def judge(decoded: Decoded, verify: VerifyConfig) -> tuple[Judged, dict]:
+    """The verifier's verdict under the eval set's settings (`verify_settings`) as a metrics record, and the JSON
+    row written to samples.jsonl. No default: a caller that forgets the set's settings would judge with the
+    reward's."""
+    verdict = score(decoded.text, decoded.problem.gold, verify)
     p = decoded.problem
     judged = Judged(p.row, p.group, verdict.reward, verdict.format_ok, len(decoded.token_ids),
                     decoded.finish_reason == "length")

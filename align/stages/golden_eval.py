@@ -29,7 +29,7 @@ import torch
 from align.config import load_cli_config, run_dir_from_env, write_resolved_config
 from align.data.store import ShardSet
 from align.eval.golden import GOLDEN_FILE, GoldenConfig, compare, golden_record, host_label, read_anchor
-from align.eval.harness import GreedyConfig, SampledConfig, decode, judge, load_problems
+from align.eval.harness import GreedyConfig, SampledConfig, decode, judge, load_problems, verify_settings
 from align.eval.metrics import greedy_metrics, sampled_metrics
 from align.eval.outcome import OutcomeBand, check_rungs, describe, verdict
 from align.model.roundtrip import RoundtripError, roundtrip
@@ -52,8 +52,17 @@ class EvalDataConfig:
     """[data] table; paths relative to <runs>."""
 
     eval: str = "shards/eval/out"  # the held-out prompt shard set (prompts with gold answers)
+    # the registered eval set (align.data.evalsets) those shards hold: its `verify` settings judge the answers;
+    # "" (the profile's own held-out split): the RL reward's settings (align.eval.harness.verify_settings)
+    evalset: str = ""
     dtype: Literal["float32", "bfloat16"] = "float32"  # weights as loaded for decoding (a 7B model: bfloat16)
     threads: int = 0  # torch CPU threads; 0: every core
+
+    def __post_init__(self):
+        try:
+            verify_settings(self.evalset)
+        except ConfigError as exc:  # as a ValueError, load_config names the file and the table
+            raise ValueError(f"evalset = {self.evalset!r}: {exc}") from exc
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -111,14 +120,16 @@ def publish(out: Path, records: list[dict], golden: dict, inputs: dict) -> None:
 def judged_passes(cfg: GoldenEvalStageConfig, model, tok, problems) -> tuple[dict, list[dict], float]:
     """The greedy and sampled passes on one engine: (metrics, samples.jsonl rows, decode tokens/s)."""
     engine = Engine(model, cfg.engine, tok.vocab_size)
+    verify = verify_settings(cfg.data.evalset)
     greedy_set = problems[: cfg.greedy.max_examples or None]
-    greedy = [judge(d) for d in decode(engine, tok, greedy_set, SamplingParams(
+    greedy = [judge(d, verify) for d in decode(engine, tok, greedy_set, SamplingParams(
         temperature=0.0, max_new_tokens=cfg.greedy.max_new_tokens))]
     sampled_set = problems[: cfg.sampled.max_examples or None]
     params = SamplingParams(temperature=cfg.sampled.temperature, max_new_tokens=cfg.sampled.max_new_tokens)
-    sampled = [judge(d) for d in decode(engine, tok, sampled_set, params, cfg.sampled.n, seed=cfg.run.seed)]
+    sampled = [judge(d, verify) for d in decode(engine, tok, sampled_set, params, cfg.sampled.n, seed=cfg.run.seed)]
     metrics = {**greedy_metrics([j for j, _ in greedy]), **sampled_metrics([j for j, _ in sampled], cfg.sampled.ks),
-               "eval_set_hash": eval_set_hash(greedy_set), "sampled_set_hash": eval_set_hash(sampled_set)}
+               "eval_set_hash": eval_set_hash(greedy_set), "sampled_set_hash": eval_set_hash(sampled_set),
+               "judged_with": cfg.data.evalset or "reward"}  # whose verifier settings: the eval set's or the reward's
     records = [{"pass": "greedy", **r} for _, r in greedy] + [{"pass": "sampled", **r} for _, r in sampled]
     # the golden texts are these kernels' rounding
     metrics.update(engine_linear_kernel=engine.linear_kernel, engine_cpu_kernels=engine.cpu_kernels)

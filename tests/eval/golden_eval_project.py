@@ -20,12 +20,12 @@ from eval_fixtures import answer_model, build_eval_shards, save
 GOLDS = ["7", "3", "7", "12", "7", "4"]
 
 
-def build_eval_project(root: Path) -> Path:
-    """`root` as a project of profile smoke: the eval shard set of GOLDS under runs/smoke/shards/eval/out, the
-    always-7 model as runs/smoke/sft_checkpoint/final, and an empty configs/smoke/."""
+def build_eval_project(root: Path, golds: list[str] = GOLDS, answer: str = r"The answer is \boxed{7}.") -> Path:
+    """`root` as a project of profile smoke: the eval shard set of `golds` under runs/smoke/shards/eval/out, a model
+    answering `answer` to every prompt as runs/smoke/sft_checkpoint/final, and an empty configs/smoke/."""
     runs = root / "runs" / "smoke"
-    build_eval_shards(root, runs / "shards" / "eval" / "out", GOLDS)
-    save(answer_model(r"The answer is \boxed{7}."), runs / "sft_checkpoint" / "final")
+    build_eval_shards(root, runs / "shards" / "eval" / "out", golds)
+    save(answer_model(answer), runs / "sft_checkpoint" / "final")
     (root / "configs" / "smoke").mkdir(parents=True)
     return root
 

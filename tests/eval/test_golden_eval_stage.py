@@ -16,7 +16,7 @@ from align.inference.paged_attention import resolve_cpu_kernels
 from align.model.checkpoint import checkpoint_content_hash
 from align.utils.manifest import read_manifest
 from eval_fixtures import answer_model, save
-from golden_eval_project import run_golden_eval
+from golden_eval_project import build_eval_project, run_golden_eval
 
 CONFIG = """
 [checkpoints]
@@ -96,3 +96,32 @@ def test_metrics_outputs_and_golden_regression(project):
 def test_an_unknown_stage_or_missing_checkpoint_is_bad_input(project, stage, said):
     code, _, printed = _eval(project, stage)
     assert code == 2 and said in printed
+
+
+@pytest.fixture(scope="module")
+def decimal_project(tmp_path_factory):
+    """A model that answers 0.1429 to every prompt, on golds where only the numeric-vs-exact tolerance decides."""
+    return build_eval_project(tmp_path_factory.mktemp("decimal"), [r"\frac{1}{7}", "1/7", "0.1429", "2/7"],
+                              r"The answer is \boxed{0.1429}.")
+
+
+@pytest.mark.parametrize("evalset,accuracy", [("", 1 / 4), ("gsm8k_test", 3 / 4), ("math500", 3 / 4)])
+def test_answers_are_judged_with_the_eval_sets_verify_settings(decimal_project, evalset, accuracy):
+    """[data] evalset names the registered set the shards hold: its verifier settings judge (a decimal of 1/7 counts
+    there); none named: the reward's (it does not). The receipt says whose settings judged."""
+    config = decimal_project / "configs" / "smoke" / f"eval-{evalset or 'none'}.toml"
+    text = CONFIG.replace('anchors = "configs/smoke/golden"\n', "")  # no anchor: the golden pass is not the point
+    config.write_text(text.replace("[data]\n", f'[data]\nevalset = "{evalset}"\n'))
+    code, m, _ = run_golden_eval(decimal_project, config, "sft")
+    assert code == 0 and m["accuracy"] == pytest.approx(accuracy) and m["judged_with"] == (evalset or "reward")
+    rows = [json.loads(line) for line in (decimal_project / "runs/smoke/golden_eval/sft/out/samples.jsonl")
+            .read_text().splitlines() if '"greedy"' in line]
+    assert [r["status"] for r in rows] == (["wrong", "wrong", "correct", "wrong"] if not evalset else
+                                           ["correct", "correct", "correct", "wrong"])
+
+
+def test_an_unknown_eval_set_is_bad_input(decimal_project):
+    config = decimal_project / "configs" / "smoke" / "eval-typo.toml"
+    config.write_text(CONFIG.replace("[data]\n", '[data]\nevalset = "gsm8k"\n'))
+    code, _, printed = run_golden_eval(decimal_project, config, "sft")
+    assert code == 2 and "gsm8k" in printed and "gsm8k_test" in printed and str(config) in printed

@@ -5,11 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
+from align.data.evalsets import EVALSETS, get_evalset
 from align.data.store import ShardSet
-from align.eval.harness import decode, judge, load_problems
+from align.eval.harness import Decoded, Problem, decode, judge, load_problems, verify_settings
 from align.eval.metrics import greedy_metrics, sampled_metrics
 from align.inference import Engine, EngineConfig, SamplingParams
+from align.exceptions import ConfigError
 from align.tokenizer import Tokenizer
+from align.verify.config import REWARD_CONFIG
 from eval_fixtures import answer_model, build_eval_shards, random_model
 
 GOLDS = ["7", "3", "7", "12", "7", "4"]
@@ -49,7 +52,7 @@ def test_greedy_decode_equals_a_plain_argmax_loop(shards, tok):
 def test_a_model_that_always_answers_7_scores_the_share_of_golds_that_are_7(shards, tok):
     engine = Engine(answer_model(r"The answer is \boxed{7}."), EngineConfig(max_model_len=128))
     problems = load_problems(shards)
-    greedy = [judge(d) for d in decode(engine, tok, problems, SamplingParams(0.0, max_new_tokens=32))]
+    greedy = [judge(d, REWARD_CONFIG) for d in decode(engine, tok, problems, SamplingParams(0.0, max_new_tokens=32))]
     m = greedy_metrics([j for j, _ in greedy])
     assert m["accuracy"] == pytest.approx(3 / 6) and m["format_rate"] == 1.0
     assert m["truncation_rate"] == 0.0 and m["mean_length"] == 10.0  # 9 answer tokens + </s>
@@ -57,7 +60,7 @@ def test_a_model_that_always_answers_7_scores_the_share_of_golds_that_are_7(shar
     assert record["response"] == r"The answer is \boxed{7}." and record["status"] == "wrong"
     assert record["extracted"] == "7" and record["gold"] == "3" and record["finish_reason"] == "stop"
     sampled = decode(engine, tok, problems, SamplingParams(1.0, max_new_tokens=32), samples=4, seed=9)
-    s = sampled_metrics([judge(d)[0] for d in sampled], ks=(1, 4))
+    s = sampled_metrics([judge(d, REWARD_CONFIG)[0] for d in sampled], ks=(1, 4))
     assert s["pass_at_k"] == {"1": pytest.approx(0.5), "4": pytest.approx(0.5)} and s["problems"] == 6
 
 
@@ -79,3 +82,28 @@ def test_a_non_prompt_shard_set_is_refused(tmp_path):
 
     with pytest.raises(ValueError, match="holds 'pairs' rows"):
         load_problems(Fake())
+
+
+def _answered(gold: str, text: str = r"The answer is \boxed{0.1429}.") -> Decoded:
+    return Decoded(Problem(0, "ev-0", "1", gold, (1, 2, 3)), 0, (4, 5), text, "stop", 0.0)
+
+
+@pytest.mark.parametrize("evalset", [n for n in sorted(EVALSETS) if get_evalset(n).verify.decimal_min_sig_digits])
+def test_an_eval_set_judges_with_its_own_verify_settings(evalset):
+    """A decimal of a non-terminating exact gold (0.1429 for 1/7): the RL reward's settings call it wrong (a policy
+    is never paid for giving up the exact form), an eval set that declares the numeric-vs-exact tolerance
+    (decimal_min_sig_digits) counts it, in the verdict, the metrics record and the samples row."""
+    assert verify_settings(evalset) == get_evalset(evalset).verify and verify_settings("") == REWARD_CONFIG
+    for gold in (r"\frac{1}{7}", "1/7"):
+        judged, record = judge(_answered(gold), verify_settings(evalset))
+        assert judged.reward == 1.0 and record["status"] == "correct" and record["reward"] == 1.0
+        judged, record = judge(_answered(gold), verify_settings(""))
+        assert judged.reward == 0.0 and record["status"] == "wrong"
+    for settings in (verify_settings(evalset), verify_settings("")):  # what the tolerance does not reach: alike
+        assert judge(_answered("0.1429"), settings)[0].reward == 1.0
+        assert judge(_answered("2/7"), settings)[0].reward == 0.0
+
+
+def test_an_unknown_eval_set_is_refused_listing_the_registered_ones():
+    with pytest.raises(ConfigError, match="gsm8k_test"):
+        verify_settings("gsm8k")

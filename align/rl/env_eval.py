@@ -69,7 +69,7 @@ def evaluate_episodes(client, prompts: PromptSet, rows: range, spec: EpisodeEval
         calls, failed = float(getattr(env, "calls", ep.turns)), float(getattr(env, "failed", 0))
         table[slot[r]] = torch.tensor([float(right), float(ep.finish_reason == "stop"), float(ep.turns > 0), calls,
                                        failed], dtype=torch.float64)
-    table = all_reduce_sum(table)
+    table = all_reduce_sum(table).reshape(len(rows), len(COLUMNS))
     return summarise(table, rows, [prompts.groups[int(r)] for r in rows])
 
 

@@ -5,11 +5,14 @@
 
 Reads the profile's stage configs (`configs/<profile>/sft.toml`, and `grpo.toml` when the profile has one) and the
 architecture: the config.json of sft.toml's `[model].base` when that snapshot is on this host, else
-`configs/<profile>/plan.toml`'s `[model]` (the base checkpoint's config.json values), else sft.toml's `[model.init]`
-(a from-scratch profile, as its `[model] family`). Parameter shapes come from the config's family's model built on the
+`configs/<profile>/plan.toml`'s `[model]` (the base checkpoint's config.json values, `model_type` naming the family
+registered in align.model.family: "mistral" (also when absent, as for a config.json), "llama", "qwen2", "qwen3";
+read by that family's config.json reader, with its defaults and refusals), else sft.toml's `[model.init]` (a
+from-scratch profile, as its `[model] family`). Parameter shapes come from the config's family's model built on the
 meta device (no memory), so every tensor of the real model is counted (Qwen 2's q/k/v biases, Qwen 3's q/k norms),
-with FSDP2's per-rank shard of dim 0 (rank 0's, the largest: ceil(rows / N)). Dense families only: the activation
-terms are the dense block's.
+with FSDP2's per-rank shard of dim 0 (rank 0's, the largest: ceil(rows / N)). Dense families only (a family whose
+`mlp` is "sparse", OLMoE, is refused by name): the activation terms are the dense block's, plus what a family's
+attention options save (Qwen 3's q/k norms); Qwen 2's q/k/v biases and Llama 3's scaled RoPE save nothing more.
 
 Terms, per rank (b = bytes of the parameter dtype, c = of the compute dtype, N tokens of a micro-batch, D hidden, I
 intermediate, H / K query / key-value heads of Dh, L layers, V vocabulary; the tensors the code holds, by name):
@@ -26,7 +29,9 @@ intermediate, H / K query / key-value heads of Dh, L layers, V vocabulary; the t
                          saved-tensor hooks in tests/train/test_plan.py):
                            A = N (8 D + 8 + 4 c D + 2 c H Dh + 2 c K Dh + 4 H + 4 c I)
                          (two RMSNorms: fp32 input copy, rsqrt, normed + scaled outputs; q after RoPE, k, v, the
-                         attention output and its fp32 log-sum-exp; gate, silu, up and their product); plus once the
+                         attention output and its fp32 log-sum-exp; gate, silu, up and their product); a config
+                         with per-head q/k norms (`qk_norm` "head", Qwen 3) adds N (H + K) (4 Dh + 4 + c Dh) (each
+                         norm's fp32 input copy, rsqrt per head and normed output); plus once the
                          input ids (8 N) and the RoPE tables (2 c N Dh). Without checkpointing: L A. With activation
                          checkpointing: L c N D (each block's input) stored, plus one block recomputed in backward (A).
                          Causal attention without a mask tensor (full or packed rows) is assumed; a padded batch's
@@ -59,13 +64,14 @@ from pathlib import Path
 import torch
 
 from align.config import ConfigError, load_config, read_toml
-from align.exceptions import PreflightRefused
+from align.exceptions import CheckpointError, PreflightRefused
 from align.exit_codes import run_with_exit_codes
 from align.inference.config import EngineConfig
 from align.model import MistralConfig
 from align.model.checkpoint import DTYPES
 from align.model.config_io import load_hf_config
-from align.model.family import family_of_config, scratch_config
+from align.model.family import family_of_config, family_of_config_dict, scratch_config
+from align.model.hf_config import config_from_hf_dict
 from align.rl.stage_config import GrpoStageConfig
 from align.stages.sft import SftStageConfig
 from align.train.offload_adamw import DEFAULT_CHUNK_NUMEL, VECTOR_ALIGN
@@ -75,13 +81,6 @@ from align.train.quant8 import BLOCK
 GIB = 2 ** 30
 OPTIMIZERS = ("adamw", "adamw8bit", "offload_adamw")
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@dataclass(frozen=True)
-class PlanConfig:
-    """configs/<profile>/plan.toml: the architecture of the base checkpoint when its snapshot is not on this host."""
-
-    model: MistralConfig
 
 
 @dataclass(frozen=True)
@@ -176,7 +175,10 @@ def block_activation_bytes(cfg: MistralConfig, tokens: int, compute_dtype: str) 
     """Bytes one decoder block saves for backward (the formula `A` of the module docstring)."""
     c, n, d = _bytes(compute_dtype), tokens, cfg.hidden_size
     h, k, dh, i = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.intermediate_size
-    return n * (8 * d + 8 + 4 * c * d + 2 * c * h * dh + 2 * c * k * dh + 4 * h + 4 * c * i)
+    dense = n * (8 * d + 8 + 4 * c * d + 2 * c * h * dh + 2 * c * k * dh + 4 * h + 4 * c * i)
+    if cfg.qk_norm == "head":  # an RMSNorm over each of the H q heads and K k heads (align.model.layers.rms_norm)
+        dense += n * (h + k) * (4 * dh + 4 + c * dh)
+    return dense
 
 
 def saved_activation_bytes(cfg: MistralConfig, tokens: int, compute_dtype: str, checkpointing: bool,
@@ -239,19 +241,38 @@ def plan(w: Workload, gpus: int, *, separate_host: bool = True) -> Plan:
 
 
 # ------------------------------------------------------------------------------------------------ profile configs
+def plan_architecture(plan_file: Path) -> MistralConfig:
+    """plan.toml's `[model]`: the base checkpoint's config.json values, read by the config.json reader of the family
+    its `model_type` names (absent: "mistral", as in a config.json): that family's defaults for omitted keys, its
+    refusals by field name. A problem is one ConfigError naming the file and the key."""
+    data = read_toml(plan_file)
+    extra = sorted(set(data) - {"model"})
+    if extra or not isinstance(data.get("model"), dict):
+        raise ConfigError(f"{plan_file}: holds one table, [model] (the base checkpoint's config.json values); "
+                          + (f"unknown key(s) {extra}" if extra else "[model] is missing"))
+    source = f"{plan_file} [model]"
+    try:
+        return config_from_hf_dict(data["model"], source, family_of_config_dict(data["model"], source).spec)
+    except CheckpointError as exc:
+        raise ConfigError(str(exc)) from exc
+
+
+def _dense(cfg: MistralConfig, source: str) -> MistralConfig:
+    family = family_of_config(cfg)
+    if family.mlp != "dense":  # the activation formula is the dense block's
+        raise ConfigError(f"{source}: a {family.name} model ({family.mlp} MLP); align.plan models dense families "
+                          f"only")
+    return cfg
+
+
 def _architecture(profile_dir: Path, sft: SftStageConfig) -> MistralConfig:
     if sft.model.moe is not None:
         raise ConfigError(f"{profile_dir / 'sft.toml'}: [model.moe] is set; align.plan models dense families only")
     if sft.model.base and (Path(sft.model.base) / "config.json").exists():
-        cfg = load_hf_config(sft.model.base)
-        family = family_of_config(cfg)
-        if family.mlp != "dense":  # the activation formula is the dense block's
-            raise ConfigError(f"{sft.model.base}/config.json: a {family.name} model ({family.mlp} MLP); align.plan "
-                              f"models dense families only")
-        return cfg
+        return _dense(load_hf_config(sft.model.base), f"{sft.model.base}/config.json")
     plan_file = profile_dir / "plan.toml"
     if plan_file.exists():
-        return load_config(plan_file, PlanConfig).model
+        return _dense(plan_architecture(plan_file), f"{plan_file} [model]")
     if sft.model.base:
         raise ConfigError(f"{profile_dir / 'sft.toml'}: [model] base {sft.model.base!r} is not on this host and "
                           f"{plan_file} does not give its architecture")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -20,8 +21,10 @@ import torch
 
 from align.model import MistralConfig
 from align.config import load_config
+from align.exceptions import ConfigError
 from align.model.family import FAMILIES, family_of_config, from_scratch
-from align.plan import (Workload, block_numel, param_shapes, plan, saved_activation_bytes, shard_numel, workloads)
+from align.plan import (Workload, block_activation_bytes, block_numel, param_shapes, plan, saved_activation_bytes,
+                        shard_numel, workloads)
 from align.stages.sft import SftStageConfig
 from align.train.optim import OptimizerConfig
 from align.train.parallel import ParallelConfig
@@ -142,6 +145,41 @@ def test_saved_activations_match_the_formula(shape, bt, ac):
     assert predicted >= measured  # the plan errs on the safe side
 
 
+FAMILY_SHAPES = {  # a second shape per family with head_dim != hidden / heads where the family allows it
+    "llama": dict(SMALL, num_hidden_layers=2, vocab_size=1024, head_dim=32),
+    "qwen2": dict(SMALL, num_hidden_layers=2, vocab_size=1024, hidden_size=128),  # head_dim is hidden / heads
+    "qwen3": dict(SMALL, num_hidden_layers=2, vocab_size=1024, head_dim=32),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FAMILY_SHAPES))
+@pytest.mark.parametrize("second", [False, True])
+@pytest.mark.parametrize("ac", [False, True])
+def test_saved_activations_of_each_dense_family_match_the_formula(name, second, ac):
+    """The measurement above on each other dense family's real model: Qwen 3's per-head q/k norms save their fp32
+    input copy, a rsqrt per head and their output (the formula's `qk_norm` term, exact without checkpointing); Qwen 2's
+    q/k/v biases and Llama's scaled RoPE save nothing the Mistral formula does not count."""
+    shape, bt = (FAMILY_SHAPES[name], (4, 32)) if second else (dict(SMALL), (2, 64))
+    cfg = FAMILIES[name].spec.cls(**shape)
+    module = _module(cfg, "bfloat16", "adamw", ac=ac)
+    batch = _full_batch(*bt, cfg.vocab_size)
+    measured = _saved_bytes(module, batch)
+    labels = int((batch["labels"][:, 1:] != -100).sum())
+    predicted = saved_activation_bytes(cfg, bt[0] * bt[1], "bfloat16", ac, label_tokens=labels, row_len=bt[1])
+    assert abs(predicted - measured) <= 0.03 * measured, (predicted, measured)
+    assert predicted >= measured
+    if not ac:
+        assert predicted == measured  # without checkpointing the formula is exact, the q/k norms' term included
+
+
+def test_qwen3_blocks_save_their_qk_norms_beyond_the_same_mistral_shape():
+    """Per token and block: (H + K) heads x (fp32 copy 4 Dh + rsqrt 4 + output c Dh) more than Mistral's block."""
+    shape = dict(SMALL, head_dim=32)
+    qwen3, mistral = FAMILIES["qwen3"].spec.cls(**shape), MistralConfig(**shape)
+    extra = block_activation_bytes(qwen3, 10, "bfloat16") - block_activation_bytes(mistral, 10, "bfloat16")
+    assert extra == 10 * (4 + 2) * (4 * 32 + 4 + 2 * 32)
+
+
 def test_shards_follow_fsdp2_dim0_split():
     assert shard_numel((32768, 4096), 8) == 4096 * 4096
     assert shard_numel((5, 3), 2) == 3 * 3  # rank 0 takes ceil(5 / 2) rows
@@ -152,6 +190,54 @@ def test_mistral7b_profile_has_the_published_parameter_count():
     sft = workloads("mistral7b")[0]
     assert sum(int(torch.Size(s).numel()) for s in param_shapes(sft.model)) == 7_248_023_552  # Mistral-7B-v0.3
     assert sft.param_dtype == "bfloat16" and sft.parallel.activation_checkpointing and sft.tokens == 4096
+
+
+BYO_PLANS = {"qwen2.5-0.5b": ("qwen2", 494_032_768), "qwen3-0.6b": ("qwen3", 596_049_920),
+             "llama3.2-1b": ("llama", 1_235_814_400)}  # the published models' parameter counts (tied heads once)
+
+
+@pytest.mark.parametrize("profile", sorted(BYO_PLANS))
+def test_a_plan_toml_names_its_family(profile):
+    """plan.toml's `model_type` picks the family's config.json reader: the profile is planned as that family's
+    model (Qwen 3's q/k norms in parameters and activations, Qwen 2's biases), with the published count."""
+    family, count = BYO_PLANS[profile]
+    for w in workloads(profile):
+        assert family_of_config(w.model).name == family
+        assert sum(math.prod(s) for s in param_shapes(w.model)) == count
+    assert workloads(profile)[0].model.qk_norm == ("head" if family == "qwen3" else None)
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("profile", sorted(BYO_PLANS) + ["mistral7b"])
+def test_plan_toml_describes_the_model_transformers_builds(profile):
+    """The same [model] values through transformers' own config class and model (on the meta device): the same
+    parameter count as the plan's, so plan.toml reads as the hub's config.json does."""
+    import tomllib
+
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    values = tomllib.loads((ROOT / "configs" / profile / "plan.toml").read_text())["model"]
+    hf = AutoConfig.for_model(values.pop("model_type", "mistral"), **values)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(hf)
+    ours = workloads(profile)[0].model
+    assert sum(math.prod(s) for s in param_shapes(ours)) == sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("text,said", [
+    ('[model]\nmodel_type = "gpt2"\nvocab_size = 64\n', "model_type is 'gpt2'; align implements"),
+    ('[model]\nmodel_type = "qwen2"\nuse_sliding_window = true\n', "field 'use_sliding_window' = True"),
+    ('[model]\nmodel_type = "qwen3"\nhidden_sizes = 64\n', "unsupported field(s) ['hidden_sizes']"),
+    ('[model]\nmodel_type = "olmoe"\n', "a olmoe model (sparse MLP); align.plan models dense families only"),
+    ('[model]\nvocab_size = 64\n[train]\nsteps = 1\n', "unknown key(s) ['train']"),
+    ('vocab_size = 64\n', "unknown key(s) ['vocab_size']"),
+])
+def test_a_bad_plan_toml_is_bad_input_naming_file_and_key(tmp_path, text, said):
+    shutil.copytree(ROOT / "configs" / "qwen3-0.6b", tmp_path / "configs" / "p")  # its base is not on this host
+    (tmp_path / "configs" / "p" / "plan.toml").write_text(text)
+    with pytest.raises(ConfigError) as err:
+        workloads("p", root=tmp_path)
+    assert said in str(err.value) and str(tmp_path / "configs" / "p" / "plan.toml") in str(err.value)
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:

@@ -34,6 +34,7 @@ from align.rl.batch_source import PromptSet
 from align.eval.canary import Canary
 from align.rl.curriculum import PromptCurriculum
 from align.rl.environment import episode_runner
+from align.rl.env_eval import add_env_receipt, env_receipt_evals
 from align.rl.report import fit_with_receipt, receipt_evals
 from align.rl.reward_models import build_reward
 from align.rl.stage_inputs import open_rl_stage
@@ -87,6 +88,8 @@ def main() -> int:
         reward_model=reward_model, reward_model_weight=cfg.reward.model_weight, process_reward=process_reward,
         episodes=episode_runner(cfg.environment, client, tok, cfg.shape))  # [environment]: multi-turn; else None
     evals = receipt_evals(cfg.data, client, heldout, prompts, decode, tok.eos_id)
+    if cfg.environment is not None:  # the policy's episodes, not its first turn (align.rl.env_eval)
+        evals = env_receipt_evals(cfg, evals, client, tok, PromptSet.from_shards(heldout), prompt_set)
     before = evals()
     n_params = sum(p.numel() for p in module.model.parameters()) + sum(p.numel() for p in module.critic.parameters())
     callbacks = [SpeedMonitor(n_params), HealthCallback(module.health),
@@ -99,6 +102,8 @@ def main() -> int:
     code = fit_with_receipt(trainer, evals, before, checkpoint_content_hash(start), run_dir, "ppo")
     if code != 0:
         return code
+    if cfg.environment is not None and is_rank0():  # tool-call rate, calls, parse rate before/after
+        add_env_receipt(run_dir, evals, "ppo")
     critic = module.full_critic_state_dict()  # collective: a sharded critic is gathered to rank 0
     if is_rank0():
         save_checkpoint(module.critic, run_dir / "critic", state=critic)

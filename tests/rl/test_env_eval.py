@@ -115,3 +115,27 @@ def test_receipt_block_before_after_and_the_rollout_curve(tmp_path):
     assert block["trained_call_parse_rate"] == after["trained"]["call_parse_rate"]
     assert block["rollout_tool_call_rate_first"] == 0.2 and block["rollout_tool_call_rate_last"] == 0.9
     assert block["rollout_tool_call_rate_points"] == 4
+
+
+def test_grpo_receipt_runs_the_environment_before_and_after(tmp_path, monkeypatch):
+    """The real grpo_checkpoint worker with [environment]: metrics.json's accuracy comes from greedy episodes and its
+    `environment` block holds the tool-call rate, calls and parse rate before and after (random tiny policy: the
+    numbers are what the episodes give, checked for shape and range)."""
+    import importlib
+    import sys
+
+    from align.exit_codes import run_with_exit_codes
+    from stage_inputs import runs_tree
+
+    runs, config = runs_tree(tmp_path, steps=1)
+    config.write_text(config.read_text() + "\n[environment]\nname = \"calculator\"\nmax_turns = 2\nmax_tokens = 12\n")
+    monkeypatch.setenv("ALIGN_RUNS_DIR", str(runs))
+    monkeypatch.setenv("ALIGN_RUN_DIR", str(runs / "env"))
+    monkeypatch.setattr(sys, "argv", ["align.stages.grpo", "--config", str(config), "data.train_eval_rows=3"])
+    assert run_with_exit_codes(importlib.import_module("align.stages.grpo").main) == 0
+    metrics = json.loads((runs / "env" / "metrics.json").read_text())
+    block = metrics["environment"]
+    for key in ("tool_call_rate", "start_tool_call_rate", "trained_tool_call_rate", "mean_calls"):
+        assert 0.0 <= block[key] <= 2.0, key
+    assert set(block["tool_call_rate_by_group"]) == set(metrics["accuracy_by_level"])
+    assert block["rollout_tool_call_rate_points"] == 1 and metrics["trained_rows"] == 3

@@ -6,13 +6,17 @@
 Reads the profile's stage configs (`configs/<profile>/sft.toml`, and `grpo.toml` when the profile has one) and the
 architecture: the config.json of sft.toml's `[model].base` when that snapshot is on this host, else
 `configs/<profile>/plan.toml`'s `[model]` (the base checkpoint's config.json values, `model_type` naming the family
-registered in align.model.family: "mistral" (also when absent, as for a config.json), "llama", "qwen2", "qwen3";
-read by that family's config.json reader, with its defaults and refusals), else sft.toml's `[model.init]` (a
-from-scratch profile, as its `[model] family`). Parameter shapes come from the config's family's model built on the
-meta device (no memory), so every tensor of the real model is counted (Qwen 2's q/k/v biases, Qwen 3's q/k norms),
-with FSDP2's per-rank shard of dim 0 (rank 0's, the largest: ceil(rows / N)). Dense families only (a family whose
-`mlp` is "sparse", OLMoE, is refused by name): the activation terms are the dense block's, plus what a family's
-attention options save (Qwen 3's q/k norms); Qwen 2's q/k/v biases and Llama 3's scaled RoPE save nothing more.
+registered in align.model.family: "mistral" (also when absent, as for a config.json), "llama", "qwen2", "qwen3",
+"olmoe"; read by that family's config.json reader, with its defaults and refusals), else sft.toml's `[model.init]`
+(a from-scratch profile, as its `[model] family`, or OLMoE with its `[model.moe]`). Parameter shapes come from the
+config's family's model built on the meta device (no memory), so every tensor of the real model is counted (Qwen 2's
+q/k/v biases, Qwen 3's q/k norms, OLMoE's router and experts), with FSDP2's per-rank shard of dim 0 (rank 0's, the
+largest: ceil(rows / N)). Activations per family: the dense block, what the attention normalises (Qwen 3 per head,
+OLMoE per projection, as the attention module's `qk_norm` says), and for a family whose `mlp` is "sparse" the MoE
+block and the router statistics in place of the dense MLP; Qwen 2's biases and Llama 3's scaled RoPE save nothing
+more. Routing is dropless, so how tokens split over the experts changes no saved byte (N k rows in all). Not
+modelled: expert parallelism (`[parallel] expert_parallel` > 1 is refused: its shards stay out of FSDP2), the grouped
+expert backend (no stage selects it; it would save E int32 offsets more per block), the Triton MoE permute.
 
 Terms, per rank (b = bytes of the parameter dtype, c = of the compute dtype, N tokens of a micro-batch, D hidden, I
 intermediate, H / K query / key-value heads of Dh, L layers, V vocabulary; the tensors the code holds, by name):
@@ -31,7 +35,14 @@ intermediate, H / K query / key-value heads of Dh, L layers, V vocabulary; the t
                          (two RMSNorms: fp32 input copy, rsqrt, normed + scaled outputs; q after RoPE, k, v, the
                          attention output and its fp32 log-sum-exp; gate, silu, up and their product); a config
                          with per-head q/k norms (`qk_norm` "head", Qwen 3) adds N (H + K) (4 Dh + 4 + c Dh) (each
-                         norm's fp32 input copy, rsqrt per head and normed output); plus once the
+                         norm's fp32 input copy, rsqrt per head and normed output), norms over the whole q and k
+                         projections (OLMoE) N ((H + K) Dh (4 + c) + 8). A sparse MLP (E experts, top-k k, I each
+                         expert's width) replaces 4 c I by N (4 E + 16 k + c k (2 D + 4 I + 1)) (fp32 routing
+                         probabilities, top-k ids and the inverse permutation, the sorted rows, gate_up, silu and
+                         product per token-slot, the unsorted outputs and the top-k weights; a router in fp32 on
+                         bf16 activations: + N (4 - c) D + 4 E D), and the MoE objective's router statistics hold
+                         N (8 E + 4) per layer (fp32 logits, probabilities, log-sum-exp) and the fp32 token mask
+                         (4 N) outside the blocks. Plus once the
                          input ids (8 N) and the RoPE tables (2 c N Dh). Without checkpointing: L A. With activation
                          checkpointing: L c N D (each block's input) stored, plus one block recomputed in backward (A).
                          Causal attention without a mask tensor (full or packed rows) is assumed; a padded batch's
@@ -55,6 +66,7 @@ stderr, exit 83 (PreflightRefused), as the launcher's preflight refuses a host t
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import sys
@@ -72,6 +84,7 @@ from align.model.checkpoint import DTYPES
 from align.model.config_io import load_hf_config
 from align.model.family import family_of_config, family_of_config_dict, scratch_config
 from align.model.hf_config import config_from_hf_dict
+from align.model.olmoe import olmoe_config
 from align.rl.stage_config import GrpoStageConfig
 from align.stages.sft import SftStageConfig
 from align.train.offload_adamw import DEFAULT_CHUNK_NUMEL, VECTOR_ALIGN
@@ -97,6 +110,7 @@ class Workload:
     min_8bit_numel: int = 4096
     engine: EngineConfig | None = None  # a sampler beside the trainer (GRPO)
     engine_dtype: str = "bfloat16"
+    router_dtype: str = "activation"  # an MoE model's router linear: "activation" or "fp32" ([model.moe])
 
     def sharded(self, gpus: int) -> bool:
         """FSDP2 (strategy "fsdp", or "auto" on several ranks); DDP and one process replicate every tensor."""
@@ -131,10 +145,18 @@ def _bytes(dtype: str) -> int:
     return DTYPES[dtype].itemsize
 
 
+@functools.lru_cache(maxsize=8)
 def _meta_model(cfg: MistralConfig) -> torch.nn.Module:
-    """The config's family's causal LM on the meta device (no memory): its parameters are the real model's."""
+    """The config's family's causal LM on the meta device (no memory): its parameters are the real model's. Cached:
+    a plan asks for it several times (read only)."""
     with torch.device("meta"):
         return family_of_config(cfg).causal_lm(cfg)
+
+
+def _qk_norm(cfg: MistralConfig) -> str | None:
+    """What the family's attention RMS-normalises before RoPE, as its module says (the attribute the engine reads):
+    None, "head" (each q and k head: Qwen 3) or "projection" (the whole q and k projections: OLMoE)."""
+    return getattr(_meta_model(cfg).model.layers[0].self_attn, "qk_norm", None)
 
 
 def param_shapes(cfg: MistralConfig) -> list[tuple[int, ...]]:
@@ -171,26 +193,59 @@ def optimizer_bytes(name: str, shards: list[int], param_dtype: str, *, min_8bit_
     raise ConfigError(f"align.plan: no memory model for optimizer {name!r}; known: {', '.join(OPTIMIZERS)}")
 
 
-def block_activation_bytes(cfg: MistralConfig, tokens: int, compute_dtype: str) -> int:
-    """Bytes one decoder block saves for backward (the formula `A` of the module docstring)."""
+def block_activation_bytes(cfg: MistralConfig, tokens: int, compute_dtype: str,
+                           router_dtype: str = "activation") -> int:
+    """Bytes one decoder block saves for backward (the formula `A` of the module docstring, with the attention's
+    q/k norms and, for a family whose MLP is sparse, the MoE block in place of the dense MLP's 4 c I)."""
     c, n, d = _bytes(compute_dtype), tokens, cfg.hidden_size
     h, k, dh, i = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.intermediate_size
-    dense = n * (8 * d + 8 + 4 * c * d + 2 * c * h * dh + 2 * c * k * dh + 4 * h + 4 * c * i)
-    if cfg.qk_norm == "head":  # an RMSNorm over each of the H q heads and K k heads (align.model.layers.rms_norm)
-        dense += n * (h + k) * (4 * dh + 4 + c * dh)
-    return dense
+    attention = n * (8 * d + 8 + 4 * c * d + 2 * c * h * dh + 2 * c * k * dh + 4 * h)
+    norms = _qk_norm(cfg)  # each norm: its fp32 input copy, a rsqrt per normed row, its normed output
+    if norms == "head":
+        attention += n * (h + k) * (4 * dh + 4 + c * dh)
+    elif norms == "projection":
+        attention += n * ((h + k) * dh * (4 + c) + 8)
+    if family_of_config(cfg).mlp == "sparse":
+        return attention + sparse_mlp_bytes(cfg, n, compute_dtype, router_dtype)
+    return attention + n * 4 * c * i
+
+
+def sparse_mlp_bytes(cfg, tokens: int, compute_dtype: str, router_dtype: str = "activation") -> int:
+    """Bytes an MoE block (align.model.moe, the loop backend every stage runs) saves: the fp32 routing probabilities
+    (4 E), the top-k ids and the dispatch's inverse permutation (2 x 8 k), per token-slot the sorted input rows, the
+    experts' gate_up, silu and product (c (D + 4 I)), the unsorted expert outputs and the top-k weights (c (D + 1));
+    the router's input is the norm output the dense formula already counts, unless the router runs in fp32 on
+    lower-precision activations: then its fp32 copy of the input replaces it and the fp32 weight copy is saved."""
+    c, n, d, i = _bytes(compute_dtype), tokens, cfg.hidden_size, cfg.intermediate_size
+    e, k = cfg.num_experts, cfg.num_experts_per_tok
+    out = n * (4 * e + 16 * k + c * k * (2 * d + 4 * i + 1))
+    if router_dtype == "fp32" and c < 4:
+        out += n * (4 - c) * d + 4 * e * d
+    return out
+
+
+def router_stats_bytes(cfg, tokens: int) -> int:
+    """Bytes the MoE objective's router statistics hold for backward, outside the (checkpointed) blocks: the training
+    module asks for them on every forward under grad (align.train.moe_module, `RouterStats.from_logits`); per layer
+    the fp32 logits and probabilities (8 E) and the log-sum-exp (4), once the token mask in fp32 (4). The entropy's
+    log-probabilities and the top-k ids it saves on the way are freed within the forward (detached). 0 for a dense
+    family."""
+    if family_of_config(cfg).mlp != "sparse":
+        return 0
+    return tokens * (cfg.num_hidden_layers * (8 * cfg.num_experts + 4) + 4)
 
 
 def saved_activation_bytes(cfg: MistralConfig, tokens: int, compute_dtype: str, checkpointing: bool,
-                           label_tokens: int | None = None, row_len: int | None = None) -> int:
+                           label_tokens: int | None = None, row_len: int | None = None,
+                           router_dtype: str = "activation") -> int:
     """Bytes saved for backward at the end of the forward: the trunk, input ids, RoPE tables and the fused head.
     Worst cases by default: every token labelled, one row (the RoPE tables are per position of a row)."""
     c, n, d, v = _bytes(compute_dtype), tokens, cfg.hidden_size, cfg.vocab_size
     labels = n if label_tokens is None else label_tokens
-    per_block = c * n * d if checkpointing else block_activation_bytes(cfg, n, compute_dtype)
+    per_block = c * n * d if checkpointing else block_activation_bytes(cfg, n, compute_dtype, router_dtype)
     once = 8 * n + 2 * c * (n if row_len is None else row_len) * cfg.head_dim
     head = 4 * n * d + 4 * n + c * n * d + labels * (8 + c * d) + 4 * v * d
-    return cfg.num_hidden_layers * per_block + once + head
+    return cfg.num_hidden_layers * per_block + router_stats_bytes(cfg, n) + once + head
 
 
 def head_transient_bytes(cfg: MistralConfig, chunk: int, compute_dtype: str) -> int:
@@ -222,9 +277,10 @@ def plan(w: Workload, gpus: int, *, separate_host: bool = True) -> Plan:
     out.terms["gradients"] = b * local
     if fsdp and not w.parallel.sync_every_micro_batch and w.grad_accum > 1 and gpus > 1:
         out.terms["unsharded_gradients"] = c * sum(math.prod(s) for s in shapes)
-    out.terms["activations_ac"] = (saved_activation_bytes(cfg, w.tokens, cdt, True)
-                                   + block_activation_bytes(cfg, w.tokens, cdt))
-    out.terms["activations_no_ac"] = saved_activation_bytes(cfg, w.tokens, cdt, False)
+    r = w.router_dtype
+    out.terms["activations_ac"] = (saved_activation_bytes(cfg, w.tokens, cdt, True, router_dtype=r)
+                                   + block_activation_bytes(cfg, w.tokens, cdt, r))
+    out.terms["activations_no_ac"] = saved_activation_bytes(cfg, w.tokens, cdt, False, router_dtype=r)
     out.terms["head_transient"] = head_transient_bytes(cfg, min(w.head_chunk, w.tokens), cdt)
     if fsdp:
         root = sum(math.prod(s) for s in shapes) - cfg.num_hidden_layers * block
@@ -257,26 +313,24 @@ def plan_architecture(plan_file: Path) -> MistralConfig:
         raise ConfigError(str(exc)) from exc
 
 
-def _dense(cfg: MistralConfig, source: str) -> MistralConfig:
-    family = family_of_config(cfg)
-    if family.mlp != "dense":  # the activation formula is the dense block's
-        raise ConfigError(f"{source}: a {family.name} model ({family.mlp} MLP); align.plan models dense families "
-                          f"only")
-    return cfg
-
-
 def _architecture(profile_dir: Path, sft: SftStageConfig) -> MistralConfig:
-    if sft.model.moe is not None:
-        raise ConfigError(f"{profile_dir / 'sft.toml'}: [model.moe] is set; align.plan models dense families only")
     if sft.model.base and (Path(sft.model.base) / "config.json").exists():
-        return _dense(load_hf_config(sft.model.base), f"{sft.model.base}/config.json")
+        return load_hf_config(sft.model.base)
     plan_file = profile_dir / "plan.toml"
     if plan_file.exists():
-        return _dense(plan_architecture(plan_file), f"{plan_file} [model]")
+        return plan_architecture(plan_file)
     if sft.model.base:
         raise ConfigError(f"{profile_dir / 'sft.toml'}: [model] base {sft.model.base!r} is not on this host and "
                           f"{plan_file} does not give its architecture")
+    if sft.model.moe is not None:  # a from-scratch OLMoE, as align.model.family.from_scratch builds it
+        return olmoe_config(sft.model.init, sft.model.moe)
     return scratch_config(sft.model.init, sft.model.family)
+
+
+def _no_expert_parallel(path: Path, parallel: ParallelConfig) -> None:
+    if parallel.expert_parallel > 1:  # expert shards stay out of FSDP2 and move rows by all-to-all: another plan
+        raise ConfigError(f"{path}: [parallel] expert_parallel = {parallel.expert_parallel}; align.plan models "
+                          f"FSDP2 / DDP / one process, not expert parallelism")
 
 
 def _micro_tokens(loader, max_len: int) -> int:
@@ -291,11 +345,14 @@ def workloads(profile: str, root: Path = ROOT) -> list[Workload]:
     if not (pdir / "sft.toml").exists():
         raise ConfigError(f"{pdir / 'sft.toml'}: no such file (profile {profile!r} has no SFT stage to plan)")
     sft = load_config(pdir / "sft.toml", SftStageConfig)
+    _no_expert_parallel(pdir / "sft.toml", sft.parallel)
     arch = _architecture(pdir, sft)
+    router = sft.model.moe.router_dtype if sft.model.moe is not None else "activation"
     out = [Workload("sft", arch, sft.model.dtype, sft.parallel, _micro_tokens(sft.loader, arch.max_position_embeddings),
-                    sft.loader.grad_accum, sft.loss.chunk_size, sft.optimizer.min_8bit_numel)]
+                    sft.loader.grad_accum, sft.loss.chunk_size, sft.optimizer.min_8bit_numel, router_dtype=router)]
     if (pdir / "grpo.toml").exists():
         grpo = load_config(pdir / "grpo.toml", GrpoStageConfig)
+        _no_expert_parallel(pdir / "grpo.toml", grpo.parallel)
         eng = grpo.rollout.engine
         max_len = eng.max_model_len or arch.max_position_embeddings
         out.append(Workload("grpo", arch, grpo.data.model_dtype, grpo.parallel,

@@ -9,11 +9,13 @@ line and exit 83 when it does not, exit 2 for a profile without an SFT config.""
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import shutil
 import subprocess
 import sys
+import weakref
 from pathlib import Path
 
 import pytest
@@ -23,9 +25,11 @@ from align.model import MistralConfig
 from align.config import load_config
 from align.exceptions import ConfigError
 from align.model.family import FAMILIES, family_of_config, from_scratch
+from align.model.olmoe import OlmoeConfig, OlmoeForCausalLM, set_router_dtype
 from align.plan import (Workload, block_activation_bytes, block_numel, param_shapes, plan, saved_activation_bytes,
                         shard_numel, workloads)
 from align.stages.sft import SftStageConfig
+from align.train.moe_module import MoeAuxConfig, build_train_module
 from align.train.optim import OptimizerConfig
 from align.train.parallel import ParallelConfig
 from align.train.sft_loss import SftLossConfig
@@ -112,20 +116,24 @@ def test_other_dense_families_state_bytes_are_exact(name):
 
 
 def _saved_bytes(module: SftTrainModule, batch: dict) -> int:
-    """Bytes of the distinct storages autograd saves during the real loss forward (parameters excluded)."""
+    """Bytes of the distinct storages autograd holds for backward at the end of the real loss forward (parameters
+    excluded). A tensor saved by a graph branch that is dropped before the forward ends (the MoE objective's
+    detached router entropy) is freed with it and not counted: weak references tell which saved tensors live on."""
     params = {x.untyped_storage().data_ptr() for x in module.model.parameters()}
-    seen: dict[int, int] = {}
+    saved: list[weakref.ref] = []
 
     def pack(t):
-        s = t.untyped_storage()
-        if s.data_ptr() not in params:
-            seen.setdefault(s.data_ptr(), s.nbytes())
+        t = t.detach()  # the graph keeps this alias only: no cycle through a saved output's own grad_fn
+        if t.untyped_storage().data_ptr() not in params:
+            saved.append(weakref.ref(t))
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = module.net(batch)
+    gc.collect()
+    live = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in (r() for r in saved) if t is not None}
     out.loss.backward()  # the graph was usable
-    return sum(seen.values())
+    return sum(live.values())
 
 
 @pytest.mark.parametrize("shape,bt", [
@@ -180,6 +188,63 @@ def test_qwen3_blocks_save_their_qk_norms_beyond_the_same_mistral_shape():
     assert extra == 10 * (4 + 2) * (4 * 32 + 4 + 2 * 32)
 
 
+def _moe_module(cfg: OlmoeConfig, router_dtype: str, ac: bool):
+    """An OLMoE SFT module as the stage builds it (build_train_module: the MoE objective and its router stats)."""
+    torch.manual_seed(0)
+    model = OlmoeForCausalLM(cfg).to(torch.bfloat16)
+    set_router_dtype(model, router_dtype)
+    mcfg = TrainModuleConfig(optimizer=OptimizerConfig(lr=1e-3), parallel=ParallelConfig(activation_checkpointing=ac))
+    return build_train_module(SftTrainModule, model, mcfg, SftLossConfig(chunk_size=32, kernel="torch"),
+                              total_steps=1, moe_aux=MoeAuxConfig(), stage="sft")
+
+
+@pytest.mark.parametrize("shape", [
+    dict(SMALL, num_experts=8, num_experts_per_tok=2),
+    dict(SMALL, hidden_size=96, num_attention_heads=6, num_key_value_heads=3, num_experts=4, num_experts_per_tok=1),
+])
+@pytest.mark.parametrize("router_dtype", ["activation", "fp32"])
+@pytest.mark.parametrize("ac", [False, True])
+def test_saved_activations_of_an_moe_model_match_the_formula(shape, router_dtype, ac):
+    """OLMoE: the q/k norms over whole projections, the MoE block (routing, dispatch, the experts' rows, the combine)
+    and the router statistics the MoE objective keeps per layer: exact without checkpointing."""
+    cfg = OlmoeConfig(**shape)
+    module = _moe_module(cfg, router_dtype, ac)
+    batch = _full_batch(2, 64, cfg.vocab_size)
+    measured = _saved_bytes(module, batch)
+    labels = int((batch["labels"][:, 1:] != -100).sum())
+    predicted = saved_activation_bytes(cfg, 128, "bfloat16", ac, label_tokens=labels, row_len=64,
+                                       router_dtype=router_dtype)
+    assert abs(predicted - measured) <= 0.03 * measured, (predicted, measured)
+    if not ac:
+        assert predicted == measured
+
+
+def test_moe_blocks_save_by_experts_chosen_not_experts_held():
+    """Per token the expert activations grow with top-k, the routing terms with the expert count."""
+    few, many = (OlmoeConfig(**dict(SMALL, num_experts=e, num_experts_per_tok=2)) for e in (4, 64))
+    wider = OlmoeConfig(**dict(SMALL, num_experts=4, num_experts_per_tok=4))
+    assert block_activation_bytes(many, 1, "bfloat16") - block_activation_bytes(few, 1, "bfloat16") == 4 * 60
+    assert block_activation_bytes(wider, 1, "bfloat16") - block_activation_bytes(few, 1, "bfloat16") == \
+        2 * (16 + 2 * (2 * 64 + 4 * 160 + 1))
+
+
+def test_a_from_scratch_moe_profile_is_planned_as_olmoe():
+    """configs/olmoe_tiny: [model.moe] over [model.init]; the plan counts the OLMoE the stage builds."""
+    sft_cfg = load_config(ROOT / "configs" / "olmoe_tiny" / "sft.toml", SftStageConfig)
+    sft = workloads("olmoe_tiny")[0]
+    built = from_scratch(sft_cfg.model.init, sft_cfg.model.moe)
+    assert sum(math.prod(s) for s in param_shapes(sft.model)) == sum(p.numel() for p in built.parameters())
+    assert sft.router_dtype == sft_cfg.model.moe.router_dtype
+
+
+def test_expert_parallelism_is_refused_not_misplanned(tmp_path):
+    shutil.copytree(ROOT / "configs" / "olmoe", tmp_path / "configs" / "p")
+    sft = tmp_path / "configs" / "p" / "sft.toml"
+    sft.write_text(sft.read_text().replace("# expert_parallel = 4", "expert_parallel = 4"))
+    with pytest.raises(ConfigError, match=r"sft.toml: \[parallel\] expert_parallel = 4; align.plan models"):
+        workloads("p", root=tmp_path)
+
+
 def test_shards_follow_fsdp2_dim0_split():
     assert shard_numel((32768, 4096), 8) == 4096 * 4096
     assert shard_numel((5, 3), 2) == 3 * 3  # rank 0 takes ceil(5 / 2) rows
@@ -193,7 +258,8 @@ def test_mistral7b_profile_has_the_published_parameter_count():
 
 
 BYO_PLANS = {"qwen2.5-0.5b": ("qwen2", 494_032_768), "qwen3-0.6b": ("qwen3", 596_049_920),
-             "llama3.2-1b": ("llama", 1_235_814_400)}  # the published models' parameter counts (tied heads once)
+             "llama3.2-1b": ("llama", 1_235_814_400), "olmoe": ("olmoe", 6_919_161_856)}
+# the published models' parameter counts (tied heads once; OLMoE-1B-7B: 64 experts per layer, "6.9B total")
 
 
 @pytest.mark.parametrize("profile", sorted(BYO_PLANS))
@@ -228,7 +294,7 @@ def test_plan_toml_describes_the_model_transformers_builds(profile):
     ('[model]\nmodel_type = "gpt2"\nvocab_size = 64\n', "model_type is 'gpt2'; align implements"),
     ('[model]\nmodel_type = "qwen2"\nuse_sliding_window = true\n', "field 'use_sliding_window' = True"),
     ('[model]\nmodel_type = "qwen3"\nhidden_sizes = 64\n', "unsupported field(s) ['hidden_sizes']"),
-    ('[model]\nmodel_type = "olmoe"\n', "a olmoe model (sparse MLP); align.plan models dense families only"),
+    ('[model]\nmodel_type = "olmoe"\nclip_qkv = 8.0\n', "clip_qkv"),
     ('[model]\nvocab_size = 64\n[train]\nsteps = 1\n', "unknown key(s) ['train']"),
     ('vocab_size = 64\n', "unknown key(s) ['vocab_size']"),
 ])

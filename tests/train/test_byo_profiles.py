@@ -6,7 +6,6 @@ the family's model has the published parameter count."""
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ from align.config import load_config
 from align.profile import CommonConfig
 from align.rl.stage_config import GrpoStageConfig
 from align.model.family import FAMILIES
+from align.plan import plan_architecture
 from align.stages.dpo import DpoStageConfig
 from align.stages.golden_eval import GoldenEvalStageConfig
 from align.stages.ingest import IngestStageConfig
@@ -84,8 +84,8 @@ def test_preflight_admits_one_gpu_and_refuses_a_small_host(profile):
 @pytest.mark.parametrize("profile", sorted(PROFILES))
 def test_plan_shape_is_the_published_model(profile):
     family, params = PROFILES[profile]
-    shape = tomllib.loads((ROOT / "configs" / profile / "plan.toml").read_text())["model"]
-    cfg = FAMILIES[family].spec.cls(**shape)
+    cfg = plan_architecture(ROOT / "configs" / profile / "plan.toml")  # `model_type` picks the family's reader
+    assert type(cfg) is FAMILIES[family].spec.cls
     with torch.device("meta"):
         model = FAMILIES[family].causal_lm(cfg, init=False)
     assert sum(p.numel() for p in model.parameters()) == params

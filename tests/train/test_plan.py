@@ -1,11 +1,13 @@
-"""align.plan: the memory plan checked against what a scaled-down Mistral really holds on this CPU.
+"""align.plan: the memory plan checked against what scaled-down models of every family really hold on this CPU.
 
 Weights, gradients and each optimizer's state: the plan's bytes equal the tensors' bytes after a real TrainModule
-step, exactly. Activations: the plan's saved-for-backward bytes against the storages autograd's saved-tensor hooks
-see during the real loss forward (with and without activation checkpointing), within 3% (stated tolerance: under
-checkpointing the RoPE tables are kept alive by the recompute closure, which the hooks do not see; without it the
-formula is exact). The CLI: a table and exit 0 when it fits, one
-line and exit 83 when it does not, exit 2 for a profile without an SFT config."""
+step, exactly. Activations: the plan's saved-for-backward bytes against the storages autograd still holds at the end
+of the real loss forward (saved-tensor hooks; weak references drop what a discarded branch saved), on Mistral, Llama,
+Qwen 2, Qwen 3 (per-head q/k norms) and OLMoE (the MoE block and the router statistics its objective keeps), with and
+without activation checkpointing, within 3% (stated tolerance: under checkpointing the RoPE tables are kept alive by
+the recompute closure, which the hooks do not see; without it the formula is exact). plan.toml: `model_type` names
+the family, its count is transformers' (oracle), a bad table is one error naming the file and key. The CLI: a table
+and exit 0 when it fits, one line and exit 83 when it does not, exit 2 for a profile without an SFT config."""
 
 from __future__ import annotations
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from align.config import load_config
 from align.rl.env_chat import tool_turns_for
 from align.rl.stage_config import GrpoStageConfig
+from align.stages.golden_eval import GoldenEvalStageConfig
 from align.stages.ingest import IngestStageConfig
 from align.stages.sft import SftStageConfig, build_model
 from align.stages.shards import ShardsStageConfig
@@ -19,10 +20,11 @@ from pipeline.stage import discover
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = {"align.stages.ingest": IngestStageConfig, "align.stages.shards": ShardsStageConfig,
-           "align.stages.sft": SftStageConfig, "align.stages.grpo": GrpoStageConfig}
+           "align.stages.sft": SftStageConfig, "align.stages.grpo": GrpoStageConfig,
+           "align.stages.golden_eval": GoldenEvalStageConfig}
 
 
-def test_every_task_config_loads_and_the_ladder_is_ingest_shards_sft_grpo():
+def test_every_task_config_loads_and_the_ladder_is_ingest_shards_sft_grpo_and_sfts_evaluation():
     project = Project()
     assert "calc_tiny" in known_profiles(project)
     layout = Layout(project, "calc_tiny")
@@ -32,7 +34,9 @@ def test_every_task_config_loads_and_the_ladder_is_ingest_shards_sft_grpo():
             if spec.config_path(ctx).is_file():
                 present.append(spec.name)
                 load_config(spec.config_path(ctx), CONFIGS[spec.worker], list(spec.args(ctx)))
-    assert set(present) == {"ingest", "shards", "sft_checkpoint", "grpo_checkpoint"}
+    assert set(present) == {"ingest", "shards", "sft_checkpoint", "grpo_checkpoint", "golden_eval"}
+    assert [ctx.variant for spec in discover() if spec.name == "golden_eval" for ctx in spec.contexts(layout)] == [
+        "sft"]  # single-turn: the tool-calling GRPO rung is judged by its receipt's episodes
 
 
 def test_policy_tokenizer_and_environment_agree():

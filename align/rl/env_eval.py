@@ -6,10 +6,11 @@ calculator caller ends at its tool call and holds no answer. `evaluate_episodes`
 as the rollouts) and returns align.eval.canary.evaluate's keys (`pass@1`, `stop_rate`, `n`, `right`,
 `pass@1_by_group`: the receipt's accuracy block and paired gain read them unchanged) plus the tool's use:
 
-    tool_call_rate    episodes with at least one call (an observation appended), overall and `_by_group`
+    tool_call_rate    episodes with at least one call (an observation appended)
     mean_calls        calls per episode
     call_parse_rate   calls the environment could answer (a parsed, computable call; not `<result>error</result>`),
                       over all calls (NaN without calls)
+                      (each of the three also per group, `<key>_by_group`: the level of the bundled tasks)
     accuracy_with_call / accuracy_without_call   pass@1 of the episodes that called / did not (NaN when none)
 
 `EnvReceiptEvals` is align.rl.report.ReceiptEvals with the held-out (and trained-prompt) evaluations run this way;
@@ -77,13 +78,17 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else math.nan
 
 
+def _parse_rate(col: dict[str, list[float]], rows) -> float:
+    calls = sum(col["calls"][i] for i in rows)
+    return (calls - sum(col["failed"][i] for i in rows)) / calls if calls else math.nan
+
+
 def summarise(table: torch.Tensor, rows: list[int], groups: list[str]) -> dict:
     """The per-row table (COLUMNS) -> the evaluation's dict (module doc)."""
     col = {name: table[:, j].tolist() for j, name in enumerate(COLUMNS)}
     right = [int(v) for v in col["right"]]
     with_call = [ok for ok, c in zip(right, col["called"]) if c]
     without = [ok for ok, c in zip(right, col["called"]) if not c]
-    calls = sum(col["calls"])
     by_group: dict[str, list[int]] = {}
     for i, g in enumerate(groups):
         by_group.setdefault(g, []).append(i)
@@ -92,7 +97,9 @@ def summarise(table: torch.Tensor, rows: list[int], groups: list[str]) -> dict:
             "tool_call_rate": _mean(col["called"]),
             "tool_call_rate_by_group": {g: _mean([col["called"][i] for i in ix]) for g, ix in sorted(by_group.items())},
             "mean_calls": _mean(col["calls"]),
-            "call_parse_rate": (calls - sum(col["failed"])) / calls if calls else math.nan,
+            "mean_calls_by_group": {g: _mean([col["calls"][i] for i in ix]) for g, ix in sorted(by_group.items())},
+            "call_parse_rate": _parse_rate(col, range(len(rows))),
+            "call_parse_rate_by_group": {g: _parse_rate(col, ix) for g, ix in sorted(by_group.items())},
             "accuracy_with_call": _mean(with_call), "accuracy_without_call": _mean(without)}
 
 
@@ -115,8 +122,8 @@ class EnvReceiptEvals:
         return out
 
 
-ENV_KEYS = ("tool_call_rate", "tool_call_rate_by_group", "mean_calls", "call_parse_rate", "accuracy_with_call",
-            "accuracy_without_call")
+ENV_KEYS = ("tool_call_rate", "tool_call_rate_by_group", "mean_calls", "mean_calls_by_group", "call_parse_rate",
+            "call_parse_rate_by_group", "accuracy_with_call", "accuracy_without_call")
 
 
 def env_receipt(before: dict[str, dict], after: dict[str, dict], history: str | os.PathLike) -> dict:

@@ -96,6 +96,8 @@ def test_summary_of_a_hand_made_table():
     assert out["mean_calls"] == 0.75 and math.isclose(out["call_parse_rate"], 2 / 3)
     assert out["accuracy_with_call"] == 0.5 and out["accuracy_without_call"] == 0.5
     assert out["pass@1_by_group"] == {"2": 0.5, "3": 0.5} and out["tool_call_rate_by_group"] == {"2": 1.0, "3": 0.0}
+    assert out["mean_calls_by_group"] == {"2": 1.5, "3": 0.0} and out["call_parse_rate_by_group"]["2"] == 2 / 3
+    assert math.isnan(out["call_parse_rate_by_group"]["3"])
     none = summarise(torch.zeros(2, 5, dtype=torch.float64), [0, 1], ["1", "1"])
     assert math.isnan(none["call_parse_rate"]) and math.isnan(none["accuracy_with_call"])
 

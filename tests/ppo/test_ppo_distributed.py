@@ -32,7 +32,7 @@ def single_process(out: Path) -> dict:
     return torch.load(out / "single_ranks1.pt", weights_only=True)
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+@pytest.mark.parametrize("strategy", [pytest.param("ddp", marks=pytest.mark.slow), "fsdp"])  # ddp: slow tier
 def test_two_ranks_train_the_policy_and_critic_of_one_process(tmp_path, strategy):
     proc = launch_two_ranks(WORKER, strategy, str(tmp_path))
     assert proc.returncode == 0, proc.stderr[-3000:]

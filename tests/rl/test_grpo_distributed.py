@@ -15,7 +15,7 @@ pytestmark = pytest.mark.distributed
 WORKER = Path(__file__).parent / "dist_grpo_worker.py"
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+@pytest.mark.parametrize("strategy", [pytest.param("ddp", marks=pytest.mark.slow), "fsdp"])  # ddp: slow tier
 def test_two_ranks_push_whole_weights_to_both_samplers(tmp_path, strategy):
     proc = launch_two_ranks(WORKER, strategy, str(tmp_path))
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -28,7 +28,7 @@ def test_two_ranks_push_whole_weights_to_both_samplers(tmp_path, strategy):
     assert len(r0["rewards"]) == 3
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+@pytest.mark.parametrize("strategy", [pytest.param("ddp", marks=pytest.mark.slow), "fsdp"])  # ddp: slow tier
 def test_a_rank_that_leaves_out_every_row_still_meets_the_collectives(tmp_path, strategy):
     """Rank 1 trains no row (all advantages 0), rank 0 some: the same steps, norms and counts as training all."""
     proc = launch_two_ranks(Path(__file__).parent / "dist_zero_rows_worker.py", strategy, str(tmp_path))

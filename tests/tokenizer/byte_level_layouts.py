@@ -9,6 +9,7 @@ ships and converted by transformers' `TikTokenConverter` (as transformers conver
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 from pathlib import Path
@@ -71,6 +72,9 @@ def training_text(n_lines: int = 3000, seed: int = 0, chat_lines: bool = True) -
                     '{"name": "get_weather", "arguments": {"city": "Paris"}}']
 
 
+# Cached per process (read-only results): several test modules build tokenizers over the same trained and real
+# vocabularies, and training / extracting them dominates their set-up.
+@functools.lru_cache(maxsize=None)
 def _trained_vocab(tokenizers) -> tuple[dict[str, int], list[tuple[str, str]]]:
     from tokenizers import models, pre_tokenizers, trainers
 
@@ -85,6 +89,7 @@ def _trained_vocab(tokenizers) -> tuple[dict[str, int], list[tuple[str, str]]]:
     return model["vocab"], [tuple(m) for m in model["merges"]]
 
 
+@functools.lru_cache(maxsize=1)
 def qwen_tiktoken_vocab() -> tuple[dict[str, int], list[tuple[str, str]]]:
     import importlib.resources
 

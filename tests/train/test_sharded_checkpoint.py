@@ -100,7 +100,8 @@ def test_two_rank_checkpoint_resumes_in_one_process(runs, tmp_path):
     assert ckpt_io.checkpoint_layout(ckpt_io.latest_checkpoint(tmp_path / "checkpoints")) == "sharded"
 
 
-@pytest.mark.parametrize("point", ["save:staged", "save:manifest"])
+# one kill point in the default tier, the other with the slow fault-injection tier
+@pytest.mark.parametrize("point", ["save:staged", pytest.param("save:manifest", marks=pytest.mark.slow)])
 def test_sigkill_during_sharded_save_keeps_previous_and_resumes_bitwise(runs, tmp_path, point):
     """SIGKILL in step 4's save (after the shards are written / after the manifest, before the rename): step_2
     stays the newest complete checkpoint, and a relaunch resumes it to the uninterrupted run's weights."""

@@ -33,14 +33,15 @@ RUNGS = ("sft", "dpo", "grpo")
 INLOOP = ("eval/accuracy", "eval/nll")  # align.eval.inloop's columns (NaN between evaluations)
 # align.train.moe_module's router telemetry: only an MoE policy's history has them, so a dense ladder draws none
 MOE = ("moe/lb_loss", "moe/max_vio", "moe/frac_dead", "moe/router_entropy")
+TOOL = "rollout/tool_call_rate"  # align.rl.env_eval: only a run with an [environment] has it
 CURVES = {  # training rung -> history columns worth a curve (those present are drawn), ladder order
     "pretrain_checkpoint": ("loss", "heldout_nll", *MOE),
     "sft_checkpoint": ("loss", *INLOOP, *MOE),
     "dpo_checkpoint": ("loss", "rewards/margin", "rewards/accuracy", *INLOOP, *MOE),
     "rm_checkpoint": ("loss", "rewards/accuracy", "rewards/margin"),
-    "grpo_checkpoint": ("loss", "reward_mean", *INLOOP, *MOE),
+    "grpo_checkpoint": ("loss", "reward_mean", TOOL, *INLOOP, *MOE),
     "control_checkpoint": ("loss", *INLOOP, *MOE),  # the no-RL control (extra): more SFT for GRPO's CPU seconds
-    "ppo_checkpoint": ("loss", "reward_mean", "value_loss", "explained_variance", *INLOOP, *MOE),
+    "ppo_checkpoint": ("loss", "reward_mean", "value_loss", "explained_variance", TOOL, *INLOOP, *MOE),
 }
 
 

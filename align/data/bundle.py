@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import random
 from dataclasses import dataclass, field
+from typing import Callable
 from pathlib import Path
 
 import pyarrow as pa
@@ -70,14 +71,16 @@ class BundleConfig:
                 raise ValueError(f"BundleConfig.{name}: one weight per level {LEVELS}, got {getattr(self, name)}")
 
 
-def _unique_problems(rng: random.Random, levels: list[int], banned_keys: set[str], seen_text: set[str],
-                     unique_keys: bool = False) -> list[Problem]:
-    """Draw one problem per requested level, skipping banned keys and repeated question texts."""
+def unique_problems(rng: random.Random, levels: list[int], banned_keys: set[str], seen_text: set[str],
+                    unique_keys: bool = False, draw: Callable[[random.Random, int], Problem] = draw_problem
+                    ) -> list[Problem]:
+    """Draw one problem per requested level with `draw` (the bundled task's, or another task's such as
+    align.data.calctask's), skipping banned keys and repeated question texts."""
     out: list[Problem] = []
     keys: set[str] = set()
     for level in levels:
         for _attempt in range(10_000):
-            p = draw_problem(rng, level)
+            p = draw(rng, level)
             if p.key in banned_keys or p.question in seen_text or (unique_keys and p.key in keys):
                 continue
             seen_text.add(p.question)
@@ -97,18 +100,18 @@ def draw_splits(cfg: BundleConfig) -> dict[str, list[Problem]]:
     """Problems of each split. Each split has its own RNG stream, so resizing one split leaves the others intact."""
     eval_levels = [lvl for lvl in LEVELS for _ in range(cfg.n_eval_per_level)]
     eval_rng = random.Random(f"{cfg.seed}:eval")
-    eval_problems = _unique_problems(eval_rng, eval_levels, set(), set(), unique_keys=True)
+    eval_problems = unique_problems(eval_rng, eval_levels, set(), set(), unique_keys=True)
     eval_rng.shuffle(eval_problems)  # levels interleaved: any prefix (a smoke profile's cut) mixes them
     banned = {p.key for p in eval_problems}
     splits = {"math_eval": eval_problems}
     for name, n, mix in (("math_sft", cfg.n_sft, cfg.level_mix), ("math_pairs", cfg.n_pairs, cfg.level_mix),
                          ("math_rl", cfg.n_rl, cfg.rl_level_mix)):
         rng = random.Random(f"{cfg.seed}:{name}")
-        splits[name] = _unique_problems(rng, _levels(rng, n, mix), banned, set())
+        splits[name] = unique_problems(rng, _levels(rng, n, mix), banned, set())
     rng = random.Random(f"{cfg.seed}:math_rm_pairs")
     # an eval text can recur under another level's key (`16 - 6` is a level-1 and a level-2 problem): ban the texts too
     seen = {p.question for p in splits["math_pairs"]} | {p.question for p in eval_problems}
-    splits["math_rm_pairs"] = _unique_problems(rng, _levels(rng, cfg.n_rm_pairs, cfg.level_mix), banned, seen)
+    splits["math_rm_pairs"] = unique_problems(rng, _levels(rng, cfg.n_rm_pairs, cfg.level_mix), banned, seen)
     return splits
 
 

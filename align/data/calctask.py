@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from align.data.bundle import write_table
+from align.data.bundle import unique_problems, write_table
 from align.data.mathtask import SYMBOL, Problem, Step, draw_problem, render_solution, word_problem
 from align.utils.fsio import sha256_file
 
@@ -101,33 +101,18 @@ def hand_messages(problem: Problem) -> list[dict]:
             {"role": "assistant", "content": render_solution(problem.steps), "tool_calls": None}]
 
 
-def _unique(rng: random.Random, levels: list[int], banned: set[str], seen_text: set[str],
-            unique_keys: bool = False) -> list[Problem]:
-    out, keys = [], set()
-    for level in levels:
-        for _attempt in range(10_000):
-            p = draw_calc_problem(rng, level)
-            if p.key in banned or p.question in seen_text or (unique_keys and p.key in keys):
-                continue
-            seen_text.add(p.question)
-            keys.add(p.key)
-            out.append(p)
-            break
-        else:
-            raise RuntimeError(f"level {level}: could not draw a fresh problem; the key space is exhausted")
-    return out
-
-
 def draw_calc_splits(cfg: CalcConfig) -> dict[str, list[Problem]]:
     """Eval first (unique keys, levels interleaved), then each training split from its own stream, eval keys banned."""
     eval_rng = random.Random(f"{cfg.seed}:calc_eval")
-    problems = _unique(eval_rng, [lvl for lvl in LEVELS for _ in range(cfg.n_eval_per_level)], set(), set(), True)
+    levels = [lvl for lvl in LEVELS for _ in range(cfg.n_eval_per_level)]
+    problems = unique_problems(eval_rng, levels, set(), set(), unique_keys=True, draw=draw_calc_problem)
     eval_rng.shuffle(problems)
     banned = {p.key for p in problems}
     splits = {"calc_eval": problems}
     for name, n, mix in (("calc_sft", cfg.n_sft, cfg.level_mix), ("calc_rl", cfg.n_rl, cfg.rl_level_mix)):
         rng = random.Random(f"{cfg.seed}:{name}")
-        splits[name] = _unique(rng, rng.choices(LEVELS, weights=mix, k=n), banned, set())
+        levels = rng.choices(LEVELS, weights=mix, k=n)
+        splits[name] = unique_problems(rng, levels, banned, set(), draw=draw_calc_problem)
     return splits
 
 

@@ -138,6 +138,15 @@ def _saved_bytes(module: SftTrainModule, batch: dict) -> int:
     return sum(live.values())
 
 
+def _activations(cfg, bt: tuple[int, int], ac: bool) -> tuple[int, int]:
+    """(the plan's saved-activation bytes, the bytes a real bf16 forward saves) for a full batch of shape `bt`."""
+    module = _module(cfg, "bfloat16", "adamw", ac=ac)
+    batch = _full_batch(*bt, cfg.vocab_size)
+    measured = _saved_bytes(module, batch)
+    labels = int((batch["labels"][:, 1:] != -100).sum())
+    return saved_activation_bytes(cfg, bt[0] * bt[1], "bfloat16", ac, label_tokens=labels, row_len=bt[1]), measured
+
+
 @pytest.mark.parametrize("shape,bt", [
     (dict(SMALL), (2, 64)),
     (dict(SMALL, hidden_size=96, intermediate_size=256, num_attention_heads=6, num_key_value_heads=3), (1, 128)),
@@ -146,11 +155,7 @@ def _saved_bytes(module: SftTrainModule, batch: dict) -> int:
 @pytest.mark.parametrize("ac", [False, True])
 def test_saved_activations_match_the_formula(shape, bt, ac):
     cfg = MistralConfig(**shape)
-    module = _module(cfg, "bfloat16", "adamw", ac=ac)
-    batch = _full_batch(*bt, cfg.vocab_size)
-    measured = _saved_bytes(module, batch)
-    labels = int((batch["labels"][:, 1:] != -100).sum())
-    predicted = saved_activation_bytes(cfg, bt[0] * bt[1], "bfloat16", ac, label_tokens=labels, row_len=bt[1])
+    predicted, measured = _activations(cfg, bt, ac)
     assert abs(predicted - measured) <= 0.03 * measured, (predicted, measured)
     assert predicted >= measured  # the plan errs on the safe side
 
@@ -171,11 +176,7 @@ def test_saved_activations_of_each_dense_family_match_the_formula(name, second, 
     q/k/v biases and Llama's scaled RoPE save nothing the Mistral formula does not count."""
     shape, bt = (FAMILY_SHAPES[name], (4, 32)) if second else (dict(SMALL), (2, 64))
     cfg = FAMILIES[name].spec.cls(**shape)
-    module = _module(cfg, "bfloat16", "adamw", ac=ac)
-    batch = _full_batch(*bt, cfg.vocab_size)
-    measured = _saved_bytes(module, batch)
-    labels = int((batch["labels"][:, 1:] != -100).sum())
-    predicted = saved_activation_bytes(cfg, bt[0] * bt[1], "bfloat16", ac, label_tokens=labels, row_len=bt[1])
+    predicted, measured = _activations(cfg, bt, ac)
     assert abs(predicted - measured) <= 0.03 * measured, (predicted, measured)
     assert predicted >= measured
     if not ac:

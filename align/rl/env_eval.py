@@ -92,14 +92,19 @@ def summarise(table: torch.Tensor, rows: list[int], groups: list[str]) -> dict:
     by_group: dict[str, list[int]] = {}
     for i, g in enumerate(groups):
         by_group.setdefault(g, []).append(i)
+
+    def per_group(stat: Callable[[list[int]], float]) -> dict[str, float]:  # stat over each group's row indices
+        return {g: stat(ix) for g, ix in sorted(by_group.items())}
+
+    def mean_of(values: list[float]) -> Callable[[list[int]], float]:
+        return lambda ix: _mean([values[i] for i in ix])
+
     return {"pass@1": _mean(right), "stop_rate": _mean(col["stopped"]), "n": len(rows), "right": right,
-            "pass@1_by_group": {g: _mean([right[i] for i in ix]) for g, ix in sorted(by_group.items())},
-            "tool_call_rate": _mean(col["called"]),
-            "tool_call_rate_by_group": {g: _mean([col["called"][i] for i in ix]) for g, ix in sorted(by_group.items())},
-            "mean_calls": _mean(col["calls"]),
-            "mean_calls_by_group": {g: _mean([col["calls"][i] for i in ix]) for g, ix in sorted(by_group.items())},
+            "pass@1_by_group": per_group(mean_of(right)),
+            "tool_call_rate": _mean(col["called"]), "tool_call_rate_by_group": per_group(mean_of(col["called"])),
+            "mean_calls": _mean(col["calls"]), "mean_calls_by_group": per_group(mean_of(col["calls"])),
             "call_parse_rate": _parse_rate(col, range(len(rows))),
-            "call_parse_rate_by_group": {g: _parse_rate(col, ix) for g, ix in sorted(by_group.items())},
+            "call_parse_rate_by_group": per_group(lambda ix: _parse_rate(col, ix)),
             "accuracy_with_call": _mean(with_call), "accuracy_without_call": _mean(without)}
 
 

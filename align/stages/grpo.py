@@ -9,7 +9,8 @@ Before training and after it, greedy verifier-judged accuracy on the held-out pr
 (the receipt's metrics) holds both, their difference, and the reward curve's first and last stretch from
 `history.jsonl`; with `[environment]` these are greedy episodes through the environment, and metrics.json's
 `environment` block adds the tool-call rate, calls, parse rate before and after (align.rl.env_eval). Publishes
-`<run_dir>/final/` (HF format). Resumes from `<run_dir>/checkpoints/` like every Trainer stage. `<runs>` is $ALIGN_RUNS_DIR under the pipeline, else runs/tiny."""
+`<run_dir>/final/` (HF format). Resumes from `<run_dir>/checkpoints/` like every Trainer stage. `<runs>` is
+$ALIGN_RUNS_DIR under the pipeline, else runs/tiny."""
 
 from __future__ import annotations
 

@@ -14,14 +14,13 @@ as the rollouts) and returns align.eval.canary.evaluate's keys (`pass@1`, `stop_
     accuracy_with_call / accuracy_without_call   pass@1 of the episodes that called / did not (NaN when none)
 
 `EnvReceiptEvals` is align.rl.report.ReceiptEvals with the held-out (and trained-prompt) evaluations run this way;
-`env_receipt` is the block the stage adds to metrics.json: each of the numbers above before and after (`start_*`),
+`env_receipt` is the block its `receipt_extras` adds to metrics.json: each of the numbers above before and after (`start_*`),
 per level, and the in-loop curve of the rollouts' tool-call rate (`rollout/tool_call_rate` of history.jsonl, the
 sampled policy's share of episodes that called, first and last stretch as the reward curve). Rows are split over
 ranks (rank r takes rows r, r + W, ...) and the per-row numbers summed, so every rank returns the same dict."""
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import dataclass
@@ -34,7 +33,6 @@ from align.eval.prompts import PromptSet
 from align.rl.environment import ENVIRONMENTS, Environment, EpisodeStart, episode_kwargs, run_episodes
 from align.rl.report import ReceiptEvals, reward_curve
 from align.utils.dist import all_reduce_sum, rank, world_size
-from align.utils.fsio import atomic_write_json
 
 COLUMNS = ("right", "stopped", "called", "calls", "failed")  # per-row numbers summed over ranks
 
@@ -109,8 +107,8 @@ def summarise(table: torch.Tensor, rows: list[int], groups: list[str]) -> dict:
 
 
 class EnvReceiptEvals:
-    """ReceiptEvals' evaluations as greedy episodes (module doc); `results` keeps every call's output, so the stage
-    can add `env_receipt(results[0], results[-1], history)` to the receipt."""
+    """ReceiptEvals' evaluations as greedy episodes (module doc); `results` keeps every call's output, so the receipt
+    can hold `env_receipt(results[0], results[-1], history)`."""
 
     def __init__(self, base: ReceiptEvals, client, heldout: PromptSet, trained: PromptSet | None, spec: EpisodeEval):
         self.base, self.client, self.spec = base, client, spec
@@ -125,6 +123,16 @@ class EnvReceiptEvals:
                for name, (prompts, rows) in self.prompts.items()}
         self.results.append(out)
         return out
+
+    def receipt_extras(self, run_dir: Path, label: str) -> dict:
+        """The receipt's `environment` block (env_receipt of the first and the last evaluation) and its summary line;
+        align.rl.report.fit_with_receipt writes it into metrics.json with the rest."""
+        block = env_receipt(self.results[0], self.results[-1], run_dir / "history.jsonl")
+        print(f"{label}: held-out greedy episodes: tool-call rate {block['start_tool_call_rate']:.3f} -> "
+              f"{block['tool_call_rate']:.3f}, calls that parse {block['start_call_parse_rate']:.3f} -> "
+              f"{block['call_parse_rate']:.3f}; rollout tool-call rate {block['rollout_tool_call_rate_first']:.3f} -> "
+              f"{block['rollout_tool_call_rate_last']:.3f}")
+        return {"environment": block}
 
 
 ENV_KEYS = ("tool_call_rate", "tool_call_rate_by_group", "mean_calls", "mean_calls_by_group", "call_parse_rate",
@@ -155,16 +163,3 @@ def env_receipt_evals(cfg, base: ReceiptEvals, client, tok, heldout: PromptSet,
     spec = EpisodeEval(ENVIRONMENTS[cfg.environment.name], episode_kwargs(cfg.environment, tok, cfg.shape),
                        base.heldout.judge)
     return EnvReceiptEvals(base, client, heldout, trained, spec)
-
-
-def add_env_receipt(run_dir: Path, evals: EnvReceiptEvals, label: str) -> dict:
-    """Rank 0, after align.rl.report.fit_with_receipt wrote `<run_dir>/metrics.json`: its `environment` block
-    (`env_receipt` of the first and the last evaluation) and a summary line."""
-    block = env_receipt(evals.results[0], evals.results[-1], run_dir / "history.jsonl")
-    metrics = {**json.loads((run_dir / "metrics.json").read_text()), "environment": block}
-    atomic_write_json(run_dir / "metrics.json", metrics)
-    print(f"{label}: held-out greedy episodes: tool-call rate {block['start_tool_call_rate']:.3f} -> "
-          f"{block['tool_call_rate']:.3f}, calls that parse {block['start_call_parse_rate']:.3f} -> "
-          f"{block['call_parse_rate']:.3f}; rollout tool-call rate {block['rollout_tool_call_rate_first']:.3f} -> "
-          f"{block['rollout_tool_call_rate_last']:.3f}")
-    return block

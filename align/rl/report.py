@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 from align.data.store import ShardSet
@@ -85,6 +86,11 @@ class ReceiptEvals:
             out["trained"] = evaluate(self.client, self.trained, self.trained_rows, self.max_new_tokens)
         return out
 
+    def receipt_extras(self, run_dir: Path, label: str) -> dict:
+        """Blocks beyond heldout_receipt's that these evaluations add to metrics.json (rank 0, after the last call):
+        none for single-turn ones (align.rl.env_eval.EnvReceiptEvals adds its `environment` block)."""
+        return {}
+
 
 def receipt_evals(data: GrpoDataConfig, client, heldout: ShardSet, prompts: ShardSet,
                   decode: Callable[[list[int]], str], eos_id: int) -> ReceiptEvals:
@@ -123,15 +129,16 @@ def accuracy_block(b: dict, a: dict, prefix: str = "") -> dict:
 
 def fit_with_receipt(trainer, evals: ReceiptEvals, before: dict[str, dict], start_checkpoint: str, run_dir,
                      label: str) -> int:
-    """Train, evaluate again, and on rank 0 write `<run_dir>/metrics.json` (heldout_receipt) and a summary line:
-    the RL stages' shared tail before they publish. Returns the Trainer's exit code (0: finished)."""
+    """Train, evaluate again, and on rank 0 write `<run_dir>/metrics.json` once (heldout_receipt and the evaluations'
+    `receipt_extras`) and their summary lines: the RL stages' shared tail before they publish. Returns the Trainer's
+    exit code (0: finished)."""
     code = trainer.fit()
     if code != 0:
         return code
     after = evals()  # collective
     if is_rank0():
         metrics = heldout_receipt(before, after, start_checkpoint, run_dir / "history.jsonl")
-        atomic_write_json(run_dir / "metrics.json", metrics)
         print(f"{label}: held-out greedy accuracy {metrics['start_accuracy']:.3f} -> {metrics['accuracy']:.3f}; "
               f"reward {metrics['reward_first']:.3f} -> {metrics['reward_last']:.3f}")
+        atomic_write_json(run_dir / "metrics.json", {**metrics, **evals.receipt_extras(run_dir, label)})
     return 0

@@ -31,7 +31,7 @@ from align.rl.curriculum import PromptCurriculum
 from align.rl.grpo_module import GrpoTrainModule
 from align.rl.report import fit_with_receipt, receipt_evals
 from align.rl.environment import episode_runner
-from align.rl.env_eval import add_env_receipt, env_receipt_evals
+from align.rl.env_eval import env_receipt_evals
 from align.rl.reward_models import build_reward
 from align.rl.stage_config import GrpoStageConfig
 from align.rl.stage_inputs import open_rl_stage
@@ -102,8 +102,6 @@ def main() -> int:
     code = fit_with_receipt(trainer, evals, before, checkpoint_content_hash(start), run_dir, "grpo")
     if code != 0:
         return code
-    if cfg.environment is not None and rank() == 0:  # tool-call rate, calls, parse rate before/after
-        add_env_receipt(run_dir, evals, "grpo")
     publish_final(trainer, cfg.lora, run_dir / "final", tokenizer_dir=tokenizer_dir_for(start),
                   inputs=inputs)  # collective
     return 0

@@ -34,7 +34,7 @@ from align.rl.batch_source import PromptSet
 from align.eval.canary import Canary
 from align.rl.curriculum import PromptCurriculum
 from align.rl.environment import episode_runner
-from align.rl.env_eval import add_env_receipt, env_receipt_evals
+from align.rl.env_eval import env_receipt_evals
 from align.rl.report import fit_with_receipt, receipt_evals
 from align.rl.reward_models import build_reward
 from align.rl.stage_inputs import open_rl_stage
@@ -102,8 +102,6 @@ def main() -> int:
     code = fit_with_receipt(trainer, evals, before, checkpoint_content_hash(start), run_dir, "ppo")
     if code != 0:
         return code
-    if cfg.environment is not None and is_rank0():  # tool-call rate, calls, parse rate before/after
-        add_env_receipt(run_dir, evals, "ppo")
     critic = module.full_critic_state_dict()  # collective: a sharded critic is gathered to rank 0
     if is_rank0():
         save_checkpoint(module.critic, run_dir / "critic", state=critic)

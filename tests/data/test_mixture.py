@@ -20,7 +20,7 @@ from align.exit_codes import run_with_exit_codes
 from align.stages import shards as stage
 from align.stages.pair_data import RowSubset
 from align.tokenizer import TokenizerConfig
-from conftest import _ingest, pair_rows, sft_rows
+from data_records import ingest_rows, pair_rows, sft_rows
 from loader_helpers import global_stream, roundtrip, take
 
 SIZES = {"alpha": 40, "beta": 700, "gamma": 90}  # rows of each source
@@ -36,8 +36,8 @@ def parts(tmp_path_factory) -> dict[str, Path]:
     out = {}
     for i, (name, n) in enumerate(SIZES.items()):  # distinct texts per source: no row is a duplicate of another's
         rows = [{**r, "prompt": f"[{name}] {r['prompt']}"} for r in sft_rows(n)]
-        out[name] = _ingest(tmp, name, rows, src, 16 + 8 * i)
-    out["pairs"] = _ingest(tmp, "pairs", pair_rows(12), {"kind": "pairs", "format": "pair_columns"}, 16)
+        out[name] = ingest_rows(tmp, name, rows, src, 16 + 8 * i)
+    out["pairs"] = ingest_rows(tmp, "pairs", pair_rows(12), {"kind": "pairs", "format": "pair_columns"}, 16)
     out["tmp"] = tmp
     return out
 

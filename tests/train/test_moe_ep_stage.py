@@ -1,5 +1,6 @@
 """The SFT stage with `[parallel] expert_parallel = 2` under torchrun (2 gloo ranks, FSDP2 for the rest, the
-olmoe_tiny profile's config made small): the published weights equal the 2-rank run without EP (fp32
+olmoe_tiny profile's config made small, over the full
+vocabulary its `runs` shards use): the published weights equal the 2-rank run without EP (fp32
 tolerance), and the published file is an ordinary OLMoE checkpoint of all experts."""
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ def torchrun_sft(runs, run_dir, *overrides: str) -> str:  # noqa: F811
                ALIGN_RUN_DIR=str(run_dir), CUDA_VISIBLE_DEVICES="")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m",
            "align.stages.sft", "--config", str(ROOT / "configs/olmoe_tiny/sft.toml"), *SMALL, "loader.grad_accum=2",
-           "model.moe.num_experts=4", *overrides]
+           "model.moe.num_experts=4",
+           "tokenizer.path=mistral-7b-v0.3", "model.init.vocab_size=32768", *overrides]  # the `runs` shards' tokenizer
     proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout

@@ -1,6 +1,6 @@
 """The OLMoE profiles' configs: `olmoe` (the real OLMoE-1B-7B recipe for a 4-GPU node, not run here) loads into
 every stage's config and its preflight admits such a node and refuses a small host; `olmoe_tiny` (the CPU ladder)
-describes an OLMoE policy."""
+is the tiny recipe with an OLMoE policy."""
 
 from __future__ import annotations
 
@@ -40,7 +40,15 @@ def test_olmoe_preflight_admits_a_node_and_refuses_a_small_host():
     assert any("GPU 0" in p for p in problems)
 
 
-def test_olmoe_tiny_is_an_moe_policy():
+def test_olmoe_tiny_is_the_tiny_recipe_with_an_moe_policy():
     cfg = load_config(CONFIGS / "olmoe_tiny" / "sft.toml", SftStageConfig)
-    assert cfg.model.moe is not None and cfg.model.moe.num_experts == 4 and cfg.model.moe.num_experts_per_tok == 2
-    assert cfg.model.moe.num_experts_per_tok * cfg.model.init.intermediate_size == 256  # smoke's dense MLP width
+    tiny = load_config(CONFIGS / "tiny" / "sft.toml", SftStageConfig)
+    assert cfg.model.moe is not None and cfg.model.moe.num_experts == 8 and cfg.model.moe.num_experts_per_tok == 2
+    # as many active MLP units per token as tiny's dense MLP
+    assert cfg.model.moe.num_experts_per_tok * cfg.model.init.intermediate_size == tiny.model.init.intermediate_size
+    assert cfg.moe_aux.coefficients("sft") == (0.01, 0.001)  # from scratch: the router learns in the SFT
+    for table in ("train", "loader", "optimizer", "scheduler", "tokenizer"):
+        assert getattr(cfg, table) == getattr(tiny, table), table
+    for stage, cls in (("dpo", DpoStageConfig), ("grpo", GrpoStageConfig)):  # the later rungs are tiny's
+        ours, theirs = (load_config(CONFIGS / p / f"{stage}.toml", cls) for p in ("olmoe_tiny", "tiny"))
+        assert ours == theirs, stage

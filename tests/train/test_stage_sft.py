@@ -29,10 +29,10 @@ SMALL = ["model.init.hidden_size=32", "model.init.intermediate_size=64", "model.
          "loader.micro_batch_size=4", "data.threads=1", "train.max_steps=4", "train.checkpoint_every=2"]
 
 
-@pytest.mark.parametrize("profile", ["tiny", "smoke", "mistral7b"])
+@pytest.mark.parametrize("profile", ["tiny", "smoke", "mistral7b", "olmoe_tiny"])
 def test_profile_configs_validate(profile):
     cfg = load_config(ROOT / "configs" / profile / "sft.toml", SftStageConfig)
-    # a head row per piece of the profile's tokenizer (tiny: the trimmed Mistral v0.3, 555; else the full 32,768)
+    # a head row per piece of the profile's tokenizer (tiny, olmoe_tiny: the trimmed Mistral v0.3, 555; else 32,768)
     assert cfg.train.max_steps > 0 and cfg.model.init.vocab_size == Tokenizer.from_config(cfg.tokenizer).vocab_size
     if profile == "mistral7b":
         assert cfg.optimizer.name == "adamw8bit" and cfg.parallel.strategy == "fsdp" and cfg.model.base

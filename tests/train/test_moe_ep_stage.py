@@ -23,7 +23,8 @@ def torchrun_sft(runs, run_dir, *overrides: str) -> str:  # noqa: F811
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m",
            "align.stages.sft", "--config", str(ROOT / "configs/olmoe_tiny/sft.toml"), *SMALL, "loader.grad_accum=2",
            "model.moe.num_experts=4",
-           "tokenizer.path=mistral-7b-v0.3", "model.init.vocab_size=32768", *overrides]  # the `runs` shards' tokenizer
+           "tokenizer.path=mistral-7b-v0.3", "model.init.vocab_size=32768", "inloop_eval.every=0",
+           *overrides]  # the `runs` shards: their tokenizer, no eval split
     proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout

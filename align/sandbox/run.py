@@ -126,7 +126,7 @@ def run_python(steps: list[tuple[str, str]], cfg: SandboxConfig = SandboxConfig(
            "limits": {"cpu_s": cfg.cpu_s, "memory_mb": cfg.memory_mb, "file_size_mb": cfg.file_size_mb,
                       "max_processes": cfg.max_processes}}
     n_tests = sum(1 for kind, _ in steps if kind == "test")
-    home = tempfile.mkdtemp(prefix="align-sandbox-")
+    home = tempfile.mkdtemp(prefix="align-sandbox-")  # removed below; a SIGKILLed caller leaves it to tmp cleaners
     if os.geteuid() == 0 and cfg.drop_uid:
         os.chown(home, NOBODY, NOBODY)  # the program's cwd is its own, as nobody
     result_r, result_w = os.pipe()

@@ -4,6 +4,7 @@ a reward. Every run is a real child interpreter (~0.1-0.2 s)."""
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import threading
 import time
@@ -217,6 +218,9 @@ def test_a_killed_trainer_leaves_no_sandboxed_process():
     assert harness, "the sandbox never started"
     time.sleep(0.5)  # the program is asleep inside it
     assert session_alive(harness[0], wait_s=0)
+    home = Path(os.readlink(f"/proc/{harness[0]}/cwd"))  # the run's temporary home
     trainer.send_signal(signal.SIGKILL)
     trainer.wait()
     assert session_alive(harness[0]) == []
+    # A SIGKILLed trainer never reaches run_python's cleanup: its sandbox home stays behind (empty here); remove it.
+    shutil.rmtree(home, ignore_errors=True)

@@ -14,10 +14,11 @@ as the rollouts) and returns align.eval.canary.evaluate's keys (`pass@1`, `stop_
     accuracy_with_call / accuracy_without_call   pass@1 of the episodes that called / did not (NaN when none)
 
 `EnvReceiptEvals` is align.rl.report.ReceiptEvals with the held-out (and trained-prompt) evaluations run this way;
-`env_receipt` is the block its `receipt_extras` adds to metrics.json: each of the numbers above before and after (`start_*`),
-per level, and the in-loop curve of the rollouts' tool-call rate (`rollout/tool_call_rate` of history.jsonl, the
-sampled policy's share of episodes that called, first and last stretch as the reward curve). Rows are split over
-ranks (rank r takes rows r, r + W, ...) and the per-row numbers summed, so every rank returns the same dict."""
+`env_receipt` is the block its `receipt_extras` adds to metrics.json: each of the numbers above before and after
+(`start_*`), per level, and the in-loop curve of the rollouts' tool-call rate (`rollout/tool_call_rate` of
+history.jsonl, the sampled policy's share of episodes that called, first and last stretch as the reward curve). Rows are
+split over ranks (rank r takes rows r, r + W, ...) and the per-row numbers summed, so every rank returns the same
+dict."""
 
 from __future__ import annotations
 

@@ -2,10 +2,10 @@
 
     python -m align.stages.ppo --config configs/tiny/ppo.toml [table.key=value ...]
 
-Reads what GRPO reads (align.stages.grpo): `<runs>/<data.start>` (the policy's and the reference's initial weights,
-and the critic's trunk), `<runs>/<data.prompts>` and `<runs>/<data.eval>`, and with `[reward] model` a reward model (the `rm_checkpoint` rung's
-final/) whose score joins the verifier's reward; with `[reward] process_model` a process reward model
-(MistralForProcessReward) whose per-step rewards join the per-token rewards (align.rl.ppo.process_rewards). The
+Reads what GRPO reads (align.stages.grpo): `<runs>/<data.start>` (the policy's and the reference's initial weights, and
+the critic's trunk), `<runs>/<data.prompts>` and `<runs>/<data.eval>`, and with `[reward] model` a reward model (the
+`rm_checkpoint` rung's final/) whose score joins the verifier's reward; with `[reward] process_model` a process reward
+model (MistralForProcessReward) whose per-step rewards join the per-token rewards (align.rl.ppo.process_rewards). The
 sampler is the align Engine on its own copy of the weights, updated in memory after every applied policy step
 (align.rl.ppo.module). The receipt's
 metrics are GRPO's (align.rl.report.heldout_receipt: held-out greedy accuracy before and after, per level, the

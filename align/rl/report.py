@@ -20,7 +20,7 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Protocol
 
 from align.data.store import ShardSet
 from align.eval.inloop import verifier_task
@@ -66,6 +66,18 @@ def reward_terms(history: str | os.PathLike, fraction: float = 0.25) -> dict[str
                       "last": sum(values[-k:]) / k if values else math.nan, "points": len(values),
                       "failures": sum(r.get(TERM_FAILURES + label) or 0.0 for r in history)}
     return out
+
+
+class ReceiptEvaluator(Protocol):
+    """What an RL stage's receipt evaluations provide (ReceiptEvals; align.rl.env_eval.EnvReceiptEvals): a collective
+    call returning {"heldout": ..., ["trained": ...]}, the single-turn task the canary reads, and the blocks a kind of
+    evaluation adds to metrics.json beyond heldout_receipt's."""
+
+    heldout: EvalTask
+
+    def __call__(self) -> dict[str, dict]: ...
+
+    def receipt_extras(self, run_dir: Path, label: str) -> dict: ...
 
 
 @dataclass(frozen=True)
@@ -127,7 +139,7 @@ def accuracy_block(b: dict, a: dict, prefix: str = "") -> dict:
     return {prefix + k: v for k, v in block.items()}
 
 
-def fit_with_receipt(trainer, evals: ReceiptEvals, before: dict[str, dict], start_checkpoint: str, run_dir,
+def fit_with_receipt(trainer, evals: ReceiptEvaluator, before: dict[str, dict], start_checkpoint: str, run_dir,
                      label: str) -> int:
     """Train, evaluate again, and on rank 0 write `<run_dir>/metrics.json` once (heldout_receipt and the evaluations'
     `receipt_extras`) and their summary lines: the RL stages' shared tail before they publish. Returns the Trainer's

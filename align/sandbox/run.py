@@ -1,7 +1,8 @@
 """Run untrusted Python (a model's program and its tests) in a child process, bounded: `run_python`.
 
 The child is a fresh `python -I -S -B` (no repository, no site-packages, no bytecode written) running
-align/sandbox/harness.py in a fresh temporary directory (its cwd and HOME, removed afterwards), in its own session
+align/sandbox/harness.py in a fresh temporary directory (its cwd and HOME, removed afterwards; one a SIGKILLed caller
+left behind is removed by the next process's first run, `sweep_orphan_homes`), in its own session
 (process group), with an almost empty environment. Layers, each reported in `SandboxResult.layers`:
 
     netns       a new network namespace: no interface but a down loopback, so no connection leaves (root, or an
@@ -117,6 +118,38 @@ def others_can_read_stdlib() -> bool:
     return True
 
 
+HOME_PREFIX = "align-sandbox-"  # then the owner's pid: <tmp>/align-sandbox-<pid>-<random>
+ORPHAN_AGE_S = 600.0  # a home is swept only this long after its last change: another PID namespace's live run may
+# share the temporary directory with a pid that means nothing here, and a run lives timeout_s (default 5 s)
+
+
+@functools.lru_cache(maxsize=1)
+def sweep_orphan_homes() -> int:
+    """Remove the homes that SIGKILLed callers left behind (run_python's cleanup never ran): those whose owner pid is
+    no live process and that are older than ORPHAN_AGE_S. Once per process, before its first run. Returns how many."""
+    swept = 0
+    for home in Path(tempfile.gettempdir()).glob(f"{HOME_PREFIX}*-*"):
+        pid = home.name[len(HOME_PREFIX):].split("-", 1)[0]
+        try:
+            age = time.time() - home.lstat().st_mtime
+        except OSError:
+            continue
+        if pid.isdigit() and not _alive(int(pid)) and age > ORPHAN_AGE_S and home.is_dir() and not home.is_symlink():
+            shutil.rmtree(home, ignore_errors=True)
+            swept += 1
+    return swept
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    return True
+
+
 def run_python(steps: list[tuple[str, str]], cfg: SandboxConfig = SandboxConfig()) -> SandboxResult:
     """Run `steps` ([(kind, source)], kind "program" | "setup" | "test") in one sandboxed interpreter."""
     nonce = secrets.token_hex(16)
@@ -126,7 +159,8 @@ def run_python(steps: list[tuple[str, str]], cfg: SandboxConfig = SandboxConfig(
            "limits": {"cpu_s": cfg.cpu_s, "memory_mb": cfg.memory_mb, "file_size_mb": cfg.file_size_mb,
                       "max_processes": cfg.max_processes}}
     n_tests = sum(1 for kind, _ in steps if kind == "test")
-    home = tempfile.mkdtemp(prefix="align-sandbox-")  # removed below; a SIGKILLed caller leaves it to tmp cleaners
+    sweep_orphan_homes()
+    home = tempfile.mkdtemp(prefix=f"{HOME_PREFIX}{os.getpid()}-")  # removed below, or by a later process's sweep
     if os.geteuid() == 0 and cfg.drop_uid:
         os.chown(home, NOBODY, NOBODY)  # the program's cwd is its own, as nobody
     result_r, result_w = os.pipe()

@@ -4,8 +4,10 @@ a reward. Every run is a real child interpreter (~0.1-0.2 s)."""
 from __future__ import annotations
 
 import os
-import shutil
 import socket
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -13,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from align.sandbox.code_tests import TestFileError, code_reward, extract_program, split_tests
-from align.sandbox.run import SandboxConfig, run_python
+from align.sandbox.run import HOME_PREFIX, ORPHAN_AGE_S, SandboxConfig, run_python, sweep_orphan_homes
 
 FAST = SandboxConfig(timeout_s=3.0, cpu_s=2)
 KERNEL_ONLY = SandboxConfig(timeout_s=3.0, cpu_s=2, audit=False)
@@ -198,8 +200,6 @@ def test_code_reward_fraction_and_all():
 def test_a_killed_trainer_leaves_no_sandboxed_process():
     """The harness has the parent-death signal: the trainer SIGKILLed mid-run takes the program with it."""
     import signal
-    import subprocess
-    import sys
 
     src = ("from align.sandbox.run import run_python, SandboxConfig\n"
            "run_python([('program', 'import time\\ntime.sleep(60)')], SandboxConfig(timeout_s=60))")
@@ -222,5 +222,28 @@ def test_a_killed_trainer_leaves_no_sandboxed_process():
     trainer.send_signal(signal.SIGKILL)
     trainer.wait()
     assert session_alive(harness[0]) == []
-    # A SIGKILLed trainer never reaches run_python's cleanup: its sandbox home stays behind (empty here); remove it.
-    shutil.rmtree(home, ignore_errors=True)
+    # A SIGKILLed trainer never reaches run_python's cleanup: its home stays behind, named by its pid, until a later
+    # process's first run sweeps it (here: once it is older than ORPHAN_AGE_S)
+    assert home.is_dir() and home.name.startswith(f"{HOME_PREFIX}{trainer.pid}-")
+    old = time.time() - ORPHAN_AGE_S - 1
+    os.utime(home, (old, old))
+    assert sweep_orphan_homes.__wrapped__() >= 1 and not home.exists()
+
+
+def test_the_sweep_keeps_young_homes_and_live_owners(tmp_path, monkeypatch):
+    """Only a home both orphaned (no live owner pid) and old is swept: a young one may be another PID namespace's
+    live run, and a live owner's home is in use."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # a pid that is no live process now
+    old = time.time() - ORPHAN_AGE_S - 1
+    homes = {"orphan": tmp_path / f"{HOME_PREFIX}{dead.pid}-a", "young": tmp_path / f"{HOME_PREFIX}{dead.pid}-b",
+             "live": tmp_path / f"{HOME_PREFIX}{os.getpid()}-c"}
+    for name, home in homes.items():
+        home.mkdir()
+        if name != "young":
+            os.utime(home, (old, old))
+    (tmp_path / "unrelated").mkdir()
+    assert sweep_orphan_homes.__wrapped__() == 1
+    assert not homes["orphan"].exists() and homes["young"].is_dir() and homes["live"].is_dir()
+    assert (tmp_path / "unrelated").is_dir()
